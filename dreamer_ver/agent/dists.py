@@ -1,0 +1,206 @@
+"""Output distributions. All math runs in float32.
+
+Every class reduces over its event dimensions (`event_dims` trailing axes of
+the value), so `loss`, `logp` and `entropy` return one number per batch entry.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from . import nets
+
+f32 = jnp.float32
+sg = jax.lax.stop_gradient
+
+
+def _sum_last(x, dims):
+  return x.sum(tuple(range(-dims, 0))) if dims else x
+
+
+def mix_uniform(logits, unimix):
+  """Mixes `unimix` of a uniform into the softmax and returns log-probs."""
+  probs = jax.nn.softmax(logits.astype(f32), -1)
+  if unimix:
+    probs = (1 - unimix) * probs + unimix / probs.shape[-1]
+  return jnp.log(probs)
+
+
+class OneHot:
+  """Categorical over the last axis with one-hot straight-through samples.
+
+  Used for the RSSM's stochastic latents ([..., stoch, classes], with
+  event_dims=1 to sum KL and entropy over the latents) and reused by the
+  discrete policy, whose samples are integer indices instead.
+  """
+
+  def __init__(self, logits, unimix=0.0, event_dims=0):
+    self.logits = mix_uniform(logits, unimix)
+    self.probs = jnp.exp(self.logits)
+    self.event_dims = event_dims
+
+  def sample(self, key):
+    index = jax.random.categorical(key, self.logits, -1)
+    onehot = jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
+    return sg(onehot) + self.probs - sg(self.probs)
+
+  def mode(self):
+    index = self.logits.argmax(-1)
+    return jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
+
+  def entropy(self):
+    ent = -(self.probs * self.logits).sum(-1)
+    return _sum_last(ent, self.event_dims)
+
+  def kl(self, other):
+    kl = (self.probs * (self.logits - other.logits)).sum(-1)
+    return _sum_last(kl, self.event_dims)
+
+  def logp_onehot(self, onehot):
+    return _sum_last((onehot * self.logits).sum(-1), self.event_dims)
+
+
+class Categorical(OneHot):
+  """Discrete action head: samples integer indices.
+
+  Upstream DreamerV3 ignores `unimix` for discrete policies; we apply it, as
+  the paper describes, so the policy never becomes fully deterministic.
+  """
+
+  def __init__(self, logits, unimix=0.0, event_dims=0):
+    super().__init__(logits, unimix, event_dims)
+    self.minent = 0.0
+    self.maxent = math.log(logits.shape[-1])
+
+  def sample(self, key):
+    return jax.random.categorical(key, self.logits, -1).astype(jnp.int32)
+
+  def mode(self):
+    return self.logits.argmax(-1).astype(jnp.int32)
+
+  def logp(self, index):
+    onehot = jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
+    return self.logp_onehot(onehot)
+
+  def loss(self, target):
+    return -self.logp(target)
+
+
+class BoundedNormal:
+  """Continuous action head: tanh mean, std squashed into [minstd, maxstd]."""
+
+  def __init__(self, mean, std, minstd, maxstd, event_dims):
+    self.mean = jnp.tanh(mean.astype(f32))
+    self.std = (maxstd - minstd) * jax.nn.sigmoid(std.astype(f32) + 2.0)
+    self.std = self.std + minstd
+    self.event_dims = event_dims
+    size = 1
+    for d in mean.shape[mean.ndim - event_dims:]:
+      size *= d
+    self.minent = size * _normal_entropy(minstd)
+    self.maxent = size * _normal_entropy(maxstd)
+
+  def sample(self, key):
+    return self.mean + self.std * jax.random.normal(key, self.mean.shape, f32)
+
+  def mode(self):
+    return self.mean
+
+  def logp(self, x):
+    z = (x.astype(f32) - self.mean) / self.std
+    logp = -0.5 * jnp.square(z) - jnp.log(self.std) - 0.5 * jnp.log(2 * jnp.pi)
+    return _sum_last(logp, self.event_dims)
+
+  def entropy(self):
+    ent = 0.5 + 0.5 * jnp.log(2 * jnp.pi) + jnp.log(self.std)
+    return _sum_last(ent, self.event_dims)
+
+
+def _normal_entropy(std):
+  return 0.5 + 0.5 * math.log(2 * math.pi) + math.log(std)
+
+
+def symexp_bins(num):
+  """`num` bins at symexp of evenly spaced points in [-20, 20].
+
+  Built as a negative half plus its mirror so the set is exactly symmetric
+  (and contains 0 when `num` is odd).
+  """
+  if num % 2 == 1:
+    half = nets.symexp(jnp.linspace(-20, 0, (num - 1) // 2 + 1, dtype=f32))
+    return jnp.concatenate([half, -half[:-1][::-1]], 0)
+  half = nets.symexp(jnp.linspace(-20, 0, num // 2, dtype=f32))
+  return jnp.concatenate([half, -half[::-1]], 0)
+
+
+class TwoHot:
+  """Scalar regression as classification over exponentially spaced bins."""
+
+  def __init__(self, logits, bins):
+    self.logits = jax.nn.log_softmax(logits.astype(f32), -1)
+    self.probs = jnp.exp(self.logits)
+    self.bins = bins
+
+  def pred(self):
+    # Pair each negative bin with its mirror before summing so uniform
+    # probabilities give exactly zero (a left-to-right sum would not).
+    n = self.bins.shape[0]
+    weighted = self.probs * self.bins
+    m = n // 2
+    lo, hi = weighted[..., :m], weighted[..., n - m:]
+    mid = weighted[..., m:n - m].sum(-1)
+    return mid + (lo[..., ::-1] + hi).sum(-1)
+
+  def loss(self, target):
+    target = sg(target.astype(f32))
+    n = self.bins.shape[0]
+    below = (self.bins <= target[..., None]).astype(jnp.int32).sum(-1) - 1
+    above = n - (self.bins > target[..., None]).astype(jnp.int32).sum(-1)
+    below = jnp.clip(below, 0, n - 1)
+    above = jnp.clip(above, 0, n - 1)
+    equal = below == above
+    dist_below = jnp.where(equal, 1, jnp.abs(self.bins[below] - target))
+    dist_above = jnp.where(equal, 1, jnp.abs(self.bins[above] - target))
+    total = dist_below + dist_above
+    weight_below = dist_above / total
+    weight_above = dist_below / total
+    twohot = (
+        jax.nn.one_hot(below, n) * weight_below[..., None] +
+        jax.nn.one_hot(above, n) * weight_above[..., None])
+    return -(twohot * self.logits).sum(-1)
+
+
+class Binary:
+  """Bernoulli from one logit; `prob()` is the probability of 1."""
+
+  def __init__(self, logit):
+    self.logit = logit.astype(f32)
+
+  def prob(self):
+    return jax.nn.sigmoid(self.logit)
+
+  def pred(self):
+    return self.logit > 0
+
+  def loss(self, target):
+    target = target.astype(f32)
+    return -(target * jax.nn.log_sigmoid(self.logit) +
+             (1 - target) * jax.nn.log_sigmoid(-self.logit))
+
+
+class MSE:
+  """Squared error, in symlog space when `symlog`, summed over event dims."""
+
+  def __init__(self, pred, event_dims, symlog=True):
+    self.raw = pred.astype(f32)
+    self.event_dims = event_dims
+    self.symlog = symlog
+
+  def pred(self):
+    return nets.symexp(self.raw) if self.symlog else self.raw
+
+  def loss(self, target):
+    target = target.astype(f32)
+    target = nets.symlog(target) if self.symlog else target
+    return _sum_last(jnp.square(self.raw - sg(target)), self.event_dims)

@@ -1,0 +1,153 @@
+"""Layers with DreamerV3's initialisation and dtype rules.
+
+Parameters are always stored in float32. Matrix products run in the module's
+compute `dtype` (bfloat16 on GPU, float32 on CPU); normalisation runs in
+float32 and returns the compute dtype again.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+f32 = jnp.float32
+
+
+def symlog(x):
+  return jnp.sign(x) * jnp.log1p(jnp.abs(x))
+
+
+def symexp(x):
+  return jnp.sign(x) * jnp.expm1(jnp.abs(x))
+
+
+def trunc_normal_in(scale=1.0, fan_axes=(0,)):
+  """Truncated normal in [-2, 2] scaled to unit variance per input unit.
+
+  1.1368 undoes the variance lost by truncation. `fan_axes` names the kernel
+  axes that count as fan-in (all but the last for dense and conv kernels).
+  """
+  def init(key, shape, dtype=f32):
+    fan_in = math.prod(shape[a] for a in fan_axes)
+    x = jax.random.truncated_normal(key, -2, 2, shape, f32)
+    return (x * (1.1368 / np.sqrt(fan_in)) * scale).astype(dtype)
+  return init
+
+
+def is_image(space):
+  return space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def num_classes(space):
+  """Classes of a discrete space (the largest, if they differ per element)."""
+  return int(np.max(space.classes))
+
+
+ACTIVATIONS = {
+    'silu': jax.nn.silu, 'gelu': jax.nn.gelu, 'relu': jax.nn.relu,
+    'elu': jax.nn.elu, 'tanh': jnp.tanh, 'none': lambda x: x}
+
+
+class Linear(nn.Module):
+  """Dense layer; `units` may be a shape, the output is reshaped to it."""
+  units: int | tuple
+  outscale: float = 1.0
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, x):
+    shape = (self.units,) if isinstance(self.units, int) else tuple(self.units)
+    size = math.prod(shape)
+    kernel = self.param(
+        'kernel', trunc_normal_in(self.outscale), (x.shape[-1], size))
+    bias = self.param('bias', nn.initializers.zeros, (size,))
+    x = x.astype(self.dtype) @ kernel.astype(self.dtype)
+    x = x + bias.astype(self.dtype)
+    return x.reshape((*x.shape[:-1], *shape))
+
+
+class BlockLinear(nn.Module):
+  """Block-diagonal dense layer: `blocks` independent groups, one einsum."""
+  units: int
+  blocks: int
+  outscale: float = 1.0
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, x):
+    g = self.blocks
+    assert x.shape[-1] % g == 0 and self.units % g == 0, (x.shape, self)
+    shape = (g, x.shape[-1] // g, self.units // g)
+    kernel = self.param(
+        'kernel', trunc_normal_in(self.outscale, fan_axes=(1,)), shape)
+    bias = self.param('bias', nn.initializers.zeros, (self.units,))
+    x = x.astype(self.dtype).reshape((*x.shape[:-1], g, shape[1]))
+    x = jnp.einsum('...gi,gio->...go', x, kernel.astype(self.dtype))
+    x = x.reshape((*x.shape[:-2], self.units))
+    return x + bias.astype(self.dtype)
+
+
+class Conv2D(nn.Module):
+  """Stride-1 'same' convolution over [B, H, W, C] inputs."""
+  depth: int
+  kernel: int
+  outscale: float = 1.0
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, x):
+    k = self.kernel
+    shape = (k, k, x.shape[-1], self.depth)
+    kernel = self.param(
+        'kernel', trunc_normal_in(self.outscale, fan_axes=(0, 1, 2)), shape)
+    bias = self.param('bias', nn.initializers.zeros, (self.depth,))
+    x = jax.lax.conv_general_dilated(
+        x.astype(self.dtype), kernel.astype(self.dtype), (1, 1), 'SAME',
+        dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    return x + bias.astype(self.dtype)
+
+
+class Norm(nn.Module):
+  """RMS norm (eps 1e-4, learned scale, no shift) computed in float32."""
+  impl: str = 'rms'
+  eps: float = 1e-4
+
+  @nn.compact
+  def __call__(self, x):
+    if self.impl == 'none':
+      return x
+    assert self.impl == 'rms', self.impl
+    dtype = x.dtype
+    x = x.astype(f32)
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],))
+    mean2 = jnp.square(x).mean(-1, keepdims=True)
+    return (x * jax.lax.rsqrt(mean2 + self.eps) * scale).astype(dtype)
+
+
+class Dense(nn.Module):
+  """Linear -> Norm -> activation, DreamerV3's hidden layer."""
+  units: int
+  act: str = 'silu'
+  norm: str = 'rms'
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, x):
+    x = Linear(self.units, dtype=self.dtype, name='linear')(x)
+    return ACTIVATIONS[self.act](Norm(self.norm, name='norm')(x))
+
+
+class MLP(nn.Module):
+  layers: int
+  units: int
+  act: str = 'silu'
+  norm: str = 'rms'
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(self.layers):
+      x = Dense(self.units, self.act, self.norm, self.dtype, name=f'layer{i}')(x)
+    return x

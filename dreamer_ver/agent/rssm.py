@@ -1,0 +1,266 @@
+"""World-model networks: encoder, RSSM and decoder (Flax linen modules).
+
+Each module is applied with explicit parameters by the agent; the RSSM has
+one method per step kind (`obs_step`, `img_step`) so the agent can scan them.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import dists
+from . import nets
+
+f32 = jnp.float32
+sg = jax.lax.stop_gradient
+
+
+def concat_vectors(spaces, values, squash):
+  """Flattens a dict of [*B, ...] arrays into [*B, N] in sorted key order.
+
+  Discrete values become one-hot vectors, continuous ones go through
+  `squash` (symlog for observations, identity for actions).
+  """
+  parts = []
+  for key in sorted(spaces):
+    space, x = spaces[key], values[key]
+    bdims = x.ndim - len(space.shape)
+    if space.discrete:
+      low = 0 if space.low is None else np.asarray(space.low).min()
+      x = jax.nn.one_hot(x - low, nets.num_classes(space), dtype=f32)
+    else:
+      x = squash(x.astype(f32))
+    parts.append(x.reshape((*x.shape[:bdims], -1)))
+  return jnp.concatenate(parts, -1)
+
+
+def embed_action(act_space, action):
+  """Action vector fed to the RSSM core; large magnitudes are scaled to 1."""
+  x = concat_vectors(act_space, action, squash=lambda v: v)
+  return x / sg(jnp.maximum(1.0, jnp.abs(x)))
+
+
+class Encoder(nn.Module):
+  """Observations [*B, ...] -> tokens [*B, N]: MLP on vectors, CNN on images."""
+  obs_space: dict
+  units: int = 1024
+  layers: int = 3
+  depth: int = 64
+  mults: tuple = (2, 3, 4, 4)
+  kernel: int = 5
+  act: str = 'silu'
+  norm: str = 'rms'
+  symlog: bool = True
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, obs, bdims):
+    vec_keys = sorted(k for k, s in self.obs_space.items() if not nets.is_image(s))
+    img_keys = sorted(k for k, s in self.obs_space.items() if nets.is_image(s))
+    bshape = next(iter(obs.values())).shape[:bdims]
+    outs = []
+    if vec_keys:
+      squash = nets.symlog if self.symlog else (lambda v: v)
+      x = concat_vectors(
+          {k: self.obs_space[k] for k in vec_keys}, obs, squash)
+      x = x.reshape((-1, x.shape[-1]))
+      x = nets.MLP(self.layers, self.units, self.act, self.norm, self.dtype,
+                   name='mlp')(x)
+      outs.append(x)
+    if img_keys:
+      x = jnp.concatenate([obs[k] for k in img_keys], -1)
+      x = x.astype(self.dtype) / 255 - 0.5
+      x = x.reshape((-1, *x.shape[bdims:]))
+      for i, mult in enumerate(self.mults):
+        x = nets.Conv2D(self.depth * mult, self.kernel, dtype=self.dtype,
+                        name=f'cnn{i}')(x)
+        b, h, w, c = x.shape
+        x = x.reshape((b, h // 2, 2, w // 2, 2, c)).max((2, 4))
+        x = nets.ACTIVATIONS[self.act](nets.Norm(self.norm, name=f'cnn{i}norm')(x))
+      assert 3 <= x.shape[1] <= 16 and 3 <= x.shape[2] <= 16, x.shape
+      outs.append(x.reshape((x.shape[0], -1)))
+    x = jnp.concatenate([o.astype(self.dtype) for o in outs], -1)
+    return x.reshape((*bshape, x.shape[-1]))
+
+
+class RSSM(nn.Module):
+  """Recurrent state-space model with a block-GRU deter state and
+  categorical stoch latents. Carries are dicts {deter [B, D], stoch [B, S, C]}.
+  """
+  act_space: dict
+  deter: int = 8192
+  hidden: int = 1024
+  stoch: int = 32
+  classes: int = 64
+  act: str = 'silu'
+  norm: str = 'rms'
+  unimix: float = 0.01
+  outscale: float = 1.0
+  imglayers: int = 2
+  obslayers: int = 1
+  dynlayers: int = 1
+  absolute: bool = False
+  blocks: int = 8
+  free_nats: float = 1.0
+  dtype: jnp.dtype = f32
+
+  def setup(self):
+    dense = lambda name: nets.Dense(
+        self.hidden, self.act, self.norm, self.dtype, name=name)
+    self.dynin = [dense(f'dynin{i}') for i in range(3)]
+    self.dynhid = [
+        nets.BlockLinear(self.deter, self.blocks, dtype=self.dtype,
+                         name=f'dynhid{i}') for i in range(self.dynlayers)]
+    self.dynhid_norm = [
+        nets.Norm(self.norm, name=f'dynhid{i}norm')
+        for i in range(self.dynlayers)]
+    self.dyngru = nets.BlockLinear(
+        3 * self.deter, self.blocks, dtype=self.dtype, name='dyngru')
+    self.prior_layers = [dense(f'prior{i}') for i in range(self.imglayers)]
+    self.obs_layers = [dense(f'obs{i}') for i in range(self.obslayers)]
+    logit = lambda name: nets.Linear(
+        (self.stoch, self.classes), self.outscale, self.dtype, name=name)
+    self.prior_logit = logit('priorlogit')
+    self.obs_logit = logit('obslogit')
+
+  def initial(self, batch):
+    return dict(
+        deter=jnp.zeros((batch, self.deter), self.dtype),
+        stoch=jnp.zeros((batch, self.stoch, self.classes), self.dtype))
+
+  def dist(self, logits):
+    return dists.OneHot(logits, self.unimix, event_dims=1)
+
+  def core(self, deter, stoch, action):
+    """One block-GRU step; `action` is the embedded action vector."""
+    g = self.blocks
+    stoch = stoch.reshape((*stoch.shape[:-2], -1))
+    x = jnp.concatenate([
+        self.dynin[0](deter), self.dynin[1](stoch), self.dynin[2](action)], -1)
+    # Every deter block sees its own slice of deter plus all of x.
+    x = jnp.repeat(x[..., None, :], g, -2)
+    groups = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
+    x = jnp.concatenate([groups, x], -1).reshape((*deter.shape[:-1], -1))
+    for layer, norm in zip(self.dynhid, self.dynhid_norm):
+      x = nets.ACTIVATIONS[self.act](norm(layer(x)))
+    x = self.dyngru(x).reshape((*deter.shape[:-1], g, 3, -1))
+    reset, cand, update = [
+        x[..., i, :].reshape(deter.shape) for i in range(3)]
+    reset = jax.nn.sigmoid(reset)
+    cand = jnp.tanh(reset * cand)
+    update = jax.nn.sigmoid(update - 1)
+    deter = update * cand + (1 - update) * deter.astype(x.dtype)
+    return deter.astype(self.dtype)
+
+  def prior(self, deter):
+    x = deter
+    for layer in self.prior_layers:
+      x = layer(x)
+    return self.prior_logit(x)
+
+  def posterior(self, deter, tokens):
+    x = tokens if self.absolute else jnp.concatenate(
+        [deter, tokens.astype(deter.dtype)], -1)
+    for layer in self.obs_layers:
+      x = layer(x)
+    return self.obs_logit(x)
+
+  def obs_step(self, carry, action, tokens, reset, key):
+    """Posterior step. Rows with `reset` start from zeros (new episode)."""
+    keep = (~reset)[:, None]
+    deter = jnp.where(keep, carry['deter'], 0)
+    stoch = jnp.where(keep[..., None], carry['stoch'], 0)
+    action = jnp.where(keep, action, 0)
+    deter = self.core(deter, stoch, action)
+    logit = self.posterior(deter, tokens)
+    stoch = self.dist(logit).sample(key).astype(self.dtype)
+    carry = dict(deter=deter, stoch=stoch)
+    return carry, dict(deter=deter, stoch=stoch, logit=logit)
+
+  def img_step(self, carry, action, key):
+    """Prior step: imagine the next state after `action` (embedded)."""
+    deter = self.core(carry['deter'], carry['stoch'], action)
+    logit = self.prior(deter)
+    stoch = self.dist(logit).sample(key).astype(self.dtype)
+    carry = dict(deter=deter, stoch=stoch)
+    return carry, dict(deter=deter, stoch=stoch, logit=logit)
+
+  def __call__(self, carry, action, tokens, reset, key):
+    """Touches every submodule; used only to initialise parameters."""
+    carry, _ = self.obs_step(carry, action, tokens, reset, key)
+    carry, feat = self.img_step(carry, action, key)
+    return self.prior(feat['deter'])
+
+
+class Decoder(nn.Module):
+  """Features {deter, stoch} [*B, ...] -> dict of reconstruction dists."""
+  obs_space: dict
+  units: int = 1024
+  layers: int = 3
+  depth: int = 64
+  mults: tuple = (2, 3, 4, 4)
+  kernel: int = 5
+  act: str = 'silu'
+  norm: str = 'rms'
+  outscale: float = 1.0
+  bspace: int = 8
+  dtype: jnp.dtype = f32
+
+  @nn.compact
+  def __call__(self, feat, bdims):
+    vec_keys = sorted(k for k, s in self.obs_space.items() if not nets.is_image(s))
+    img_keys = sorted(k for k, s in self.obs_space.items() if nets.is_image(s))
+    bshape = feat['deter'].shape[:bdims]
+    deter = feat['deter'].reshape((-1, feat['deter'].shape[-1]))
+    stoch = feat['stoch'].reshape((deter.shape[0], -1))
+    act = nets.ACTIVATIONS[self.act]
+    recons = {}
+    if vec_keys:
+      x = jnp.concatenate([stoch, deter], -1)
+      x = nets.MLP(self.layers, self.units, self.act, self.norm, self.dtype,
+                   name='mlp')(x)
+      for key in vec_keys:
+        space = self.obs_space[key]
+        if space.discrete:
+          shape = (*space.shape, nets.num_classes(space))
+          out = nets.Linear(shape, self.outscale, self.dtype, name=key)(x)
+          out = out.reshape((*bshape, *shape))
+          recons[key] = dists.Categorical(out, event_dims=len(space.shape))
+        else:
+          out = nets.Linear(space.shape, self.outscale, self.dtype,
+                            name=key)(x)
+          out = out.reshape((*bshape, *space.shape))
+          recons[key] = dists.MSE(out, len(space.shape))
+    if img_keys:
+      res = self.obs_space[img_keys[0]].shape[:2]
+      factor = 2 ** len(self.mults)
+      minres = (res[0] // factor, res[1] // factor)
+      depths = [self.depth * m for m in self.mults]
+      shape = (*minres, depths[-1])
+      g = self.bspace
+      x0 = nets.BlockLinear(math.prod(shape), g, dtype=self.dtype,
+                            name='sp0')(deter)
+      # Each block of deter paints its own slice of channels.
+      x0 = x0.reshape((-1, g, *minres, depths[-1] // g))
+      x0 = x0.transpose((0, 2, 3, 1, 4)).reshape((-1, *shape))
+      x1 = nets.Dense(2 * self.units, self.act, self.norm, self.dtype,
+                      name='sp1')(stoch)
+      x1 = nets.Linear(shape, dtype=self.dtype, name='sp2')(x1)
+      x = act(nets.Norm(self.norm, name='spnorm')(x0 + x1))
+      for i in reversed(range(len(depths) - 1)):
+        x = x.repeat(2, 1).repeat(2, 2)
+        x = nets.Conv2D(depths[i], self.kernel, dtype=self.dtype,
+                        name=f'conv{i}')(x)
+        x = act(nets.Norm(self.norm, name=f'conv{i}norm')(x))
+      x = x.repeat(2, 1).repeat(2, 2)
+      channels = [self.obs_space[k].shape[-1] for k in img_keys]
+      x = nets.Conv2D(sum(channels), self.kernel, self.outscale,
+                      self.dtype, name='imgout')(x)
+      x = jax.nn.sigmoid(x.astype(f32)).reshape((*bshape, *x.shape[1:]))
+      splits = np.cumsum(channels)[:-1]
+      for key, out in zip(img_keys, jnp.split(x, splits, -1)):
+        recons[key] = dists.MSE(out, 3, symlog=False)
+    return recons
