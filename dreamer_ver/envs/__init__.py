@@ -1,0 +1,101 @@
+"""Environments: one interface (see ``base``) over several suites.
+
+``make_env(task, env_config=None, seed=0)`` builds the task named
+``<suite>_<name>``, passing the suite's kwargs from ``env_config[suite]``
+(missing keys take the defaults below; ``env_config`` may be None, a dict,
+or an ``elements.Config``), and applies the standard wrappers
+(``wrap_env``): continuous actions are normalised to [-1, 1] and clipped,
+dtypes unified to float32 / int32 / bool / uint8, and spaces checked.
+
+Suites, their kwargs with defaults, and keys (besides reward, is_first,
+is_last, is_terminal in every obs and reset in every action):
+
+  dummy_disc, dummy_cont (``dummy.Dummy``)
+      length: 100                 episode length in steps
+    obs image (64,64,3) uint8, vector (7,), token, count, float2d (4,5),
+    int2d (2,3); act act_disc (5 classes), act_cont (6,).
+
+  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``)
+      pixels: False               replace the obs by the rendered frame
+      size: [64, 64]              frame size (height, width) when pixels
+    obs vector or image (or the flattened keys of a Dict space);
+    act action (or the flattened keys of a Dict space).
+
+  dmc_<domain>_<task>, e.g. dmc_walker_walk (``dmc.DMC``)
+      repeat: 1                   action repeat
+      size: [64, 64]              image size
+      proprio: True               include the proprioceptive keys
+      image: True                 include ``image`` (else ``log/image``)
+      camera: -1                  -1 picks 2 for quadruped, else 0
+      log_image: True             render ``log/image`` when image is False
+    obs one float32 vector per dm_control key, image; act action.
+
+  atari100k_<game>, e.g. atari100k_pong (``atari.Atari``)
+      size: [64, 64]              image size
+      repeat: 4                   frames per step
+      sticky: False               sticky actions (p=0.25)
+      gray: False                 grayscale instead of RGB
+      actions: needed             'needed' (minimal) or 'all' (18)
+      lives: unused               'unused', 'discount' or 'reset'
+      noops: 30                   max random no-ops after reset
+      autostart: False            press FIRE after reset
+      resize: pillow              Pillow bilinear ('pillow') or 'numpy'
+      clip_reward: False          use sign(reward)
+    obs image (64,64,3) uint8; act action (minimal action set).
+
+This package must stay light: it imports neither JAX nor the agent or
+runtime, and suite backends (gymnasium, dm_control, ale-py) load only when
+their suite is used.
+"""
+
+import importlib
+
+from .base import Env  # noqa: F401
+from . import wrappers
+
+DEFAULTS = {
+    'dummy': {'length': 100},
+    'gym': {'pixels': False, 'size': (64, 64)},
+    'dmc': {
+        'repeat': 1, 'size': (64, 64), 'proprio': True, 'image': True,
+        'camera': -1, 'log_image': True},
+    'atari100k': {
+        'size': (64, 64), 'repeat': 4, 'sticky': False, 'gray': False,
+        'actions': 'needed', 'lives': 'unused', 'noops': 30,
+        'autostart': False, 'resize': 'pillow', 'clip_reward': False},
+}
+
+_CONSTRUCTORS = {
+    'dummy': 'dummy:Dummy',
+    'gym': 'gym:FromGym',
+    'dmc': 'dmc:DMC',
+    'atari100k': 'atari:Atari',
+}
+
+
+def make_env(task: str, env_config=None, seed: int = 0) -> Env:
+  """Builds and wraps the env for ``task``, e.g. 'dmc_walker_walk'."""
+  suite, _, name = task.partition('_')
+  if suite not in _CONSTRUCTORS or not name:
+    raise ValueError(
+        f"Unknown task '{task}': expected '<suite>_<name>' with suite one of "
+        f'{sorted(_CONSTRUCTORS)}.')
+  module, cls = _CONSTRUCTORS[suite].split(':')
+  ctor = getattr(importlib.import_module(f'.{module}', __name__), cls)
+  overrides = (env_config or {}).get(suite) or {}
+  kwargs = {**DEFAULTS[suite], **dict(overrides)}
+  if 'size' in kwargs:
+    kwargs['size'] = tuple(int(x) for x in kwargs['size'])
+  return wrap_env(ctor(name, seed=seed, **kwargs))
+
+
+def wrap_env(env: Env) -> Env:
+  """Applies the wrappers every env needs before the agent sees it."""
+  continuous = [k for k, v in env.act_space.items() if not v.discrete]
+  for key in continuous:
+    env = wrappers.NormalizeAction(env, key)
+  env = wrappers.UnifyDtypes(env)
+  env = wrappers.CheckSpaces(env)
+  for key in continuous:
+    env = wrappers.ClipAction(env, key)
+  return env

@@ -145,7 +145,8 @@ def space_violation(value, space):
   """Why ``value`` is not in ``space``, or None if it is.
 
   Unlike ``elements.Space.__contains__`` this treats ``high`` of an integer
-  space as exclusive, matching how the spaces are declared.
+  space as exclusive, matching how discrete spaces are declared, and
+  rejects non-finite floats.
   """
   if not isinstance(value, (np.ndarray, np.generic, bool, int, float)):
     return f'type {type(value).__name__} is not an array or scalar'
@@ -163,8 +164,12 @@ def space_violation(value, space):
   if (array < space.low).any():
     return f'values below low={space.low.min()}'
   if np.issubdtype(space.dtype, np.integer):
-    if (array >= space.high).any():
-      return f'values at or above high={space.high.max()} (exclusive)'
+    # An int space's high is exclusive (classes = high - low), except where
+    # it is the dtype's maximum, which elements uses as the default bound.
+    top = np.iinfo(space.dtype).max
+    over = np.where(space.high < top, array >= space.high, array > top)
+    if over.any():
+      return f'values at or above high={space.high.min()} (exclusive)'
   elif (array > space.high).any():
     return f'values above high={space.high.max()}'
   return None
@@ -211,4 +216,4 @@ def _bound(array):
 
 def _preview(value):
   text = np.array2string(np.asarray(value), threshold=20, edgeitems=3)
-  return text if len(text) < 300 else text[:300] + '...'
+  return text if len(text) < 200 else text[:200] + '...'
