@@ -253,6 +253,7 @@ def _apply(flat, pairs, where, text=False):
       if text:
         flat[target] = _parse_text(old, value, target, where)
       else:
+        value = _normalize(target, value, where)
         flat[target] = _coerce(old, value, target, where)
   return flat
 
@@ -451,7 +452,7 @@ def validate(config):
     need(re.fullmatch(r'.+:(\d+|\{auto\})', addr) is not None,
          f"run.{key} must be host:port or host:{{auto}} (got '{addr}')")
   explicit = set()
-  if c['script'] != 'parallel':
+  if c['script'].startswith('parallel_'):  # one component of a split run
     explicit = set(addrs)
   if c['run.remote_envs']:
     explicit |= {'actor_addr'}

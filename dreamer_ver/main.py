@@ -1,0 +1,94 @@
+"""Command line entry point.
+
+    python -m dreamer_ver.main [--configs a b ...] [--script NAME] [--key.sub VALUE ...]
+
+Builds the config (``configs/defaults.yaml``, then the named blocks in order,
+then the flags), validates it, prints a short summary and calls the script
+function registered under ``config.script`` with the config as its only
+argument: ``fn(config)``, where ``config`` is an ``elements.Config`` whose
+``logdir`` is already absolute. If the function returns an int, it becomes the
+exit status.
+
+Bad input (unknown block, unknown key, wrong type, failed validation, script
+not available) prints one line to stderr and exits with status 2.
+``--help`` prints every key with its value after the given blocks.
+"""
+
+import importlib
+import os
+import sys
+
+# Script name -> 'module:function'. Modules are imported only when their
+# script runs, so a script's heavy imports (JAX, env suites) never slow down
+# or break the others. Register a script here once its module exists, e.g.
+#   'parallel': 'dreamer_ver.runtime.parallel:combined',
+SCRIPTS = {
+}
+
+# Scripts that run only env processes: they neither create the logdir nor
+# write config.yaml into it (the host that owns the logdir does that).
+NO_LOGDIR_SUFFIXES = ('_env', '_envs')
+
+USAGE = (
+    'usage: python -m dreamer_ver.main [--configs BLOCK ...] '
+    '[--script NAME] [--logdir DIR] [--key.sub VALUE ...]')
+
+
+def _error(message):
+  print(f'error: {message}', file=sys.stderr)
+  return 2
+
+
+def _available():
+  return ', '.join(sorted(SCRIPTS)) or '(none registered yet)'
+
+
+def main(argv=None):
+  from . import config as configlib
+
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if '--help' in argv or '-h' in argv:
+    rest = [a for a in argv if a not in ('--help', '-h')]
+    try:
+      config, _ = configlib.parse_known(rest)
+    except configlib.ConfigError as e:
+      return _error(e)
+    print(USAGE)
+    print(f"blocks: {', '.join(configlib.block_names())}")
+    print(f'scripts: {_available()}')
+    print(str(config).replace('\nConfig:', '\nKeys (after the given blocks):'))
+    return 0
+
+  try:
+    config = configlib.load_config(argv, check=False)
+    if 'JOB_COMPLETION_INDEX' in os.environ:
+      # Kubernetes indexed jobs: the job index is this process's replica.
+      index = os.environ['JOB_COMPLETION_INDEX']
+      if not index.strip().isdigit():
+        raise configlib.ConfigError(
+            f"JOB_COMPLETION_INDEX must be an int >= 0, got '{index}'")
+      config = configlib.override(config, {'replica': int(index)})
+    configlib.validate(config)
+  except configlib.ConfigError as e:
+    return _error(e)
+
+  if config.script not in SCRIPTS:
+    return _error(
+        f"script '{config.script}' is not available; available scripts: "
+        f'{_available()}')
+  module, _, function = SCRIPTS[config.script].partition(':')
+
+  config = configlib.resolve_logdir(config)
+  names, _, _ = configlib.split_argv(argv)
+  print(configlib.summary(config, names), flush=True)
+
+  fn = getattr(importlib.import_module(module), function)
+  if not config.script.endswith(NO_LOGDIR_SUFFIXES):
+    os.makedirs(config.logdir, exist_ok=True)
+    config.save(os.path.join(config.logdir, 'config.yaml'))
+  result = fn(config)
+  return result if isinstance(result, int) else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
