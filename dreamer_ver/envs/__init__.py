@@ -18,6 +18,7 @@ is_last, is_terminal in every obs and reset in every action):
   gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``)
       pixels: False               replace the obs by the rendered frame
       size: [64, 64]              frame size (height, width) when pixels
+      (other keys, e.g. max_episode_steps, go to gymnasium.make)
     obs vector or image (or the flattened keys of a Dict space);
     act action (or the flattened keys of a Dict space).
 

@@ -2,7 +2,9 @@
 
 Observation keys: a single Box observation becomes ``image`` when it looks
 like a picture (uint8, rank 3) and ``vector`` otherwise; a Dict observation
-keeps its keys, nested dicts joined with '/'. With ``pixels=True`` the
+keeps its keys, nested dicts joined with '/' (a key that clashes with
+``reward``, ``is_first``, ``is_last``, ``is_terminal`` or ``reset`` gets a
+``gym_`` prefix). Extra kwargs go to ``gymnasium.make``. With ``pixels=True`` the
 observation is replaced by ``image``, rendered as rgb_array and resized to
 ``size``. Actions live under ``action`` (or the flattened Dict keys):
 Discrete -> int32 scalar with ``n`` classes, Box -> its float array.

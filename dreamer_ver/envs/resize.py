@@ -1,4 +1,4 @@
-"""Image downscaling without OpenCV.
+"""Image resizing without OpenCV, matching Pillow's bilinear filter.
 
 Upstream resizes Atari frames with Pillow's bilinear filter. Pillow is not a
 dependency of this package, so when it is missing we compute the same
@@ -45,27 +45,38 @@ def resize(image, size, backend='auto'):
   for axis in (1, 0):  # Width first, as Pillow does.
     if out.shape[axis] == size[axis]:
       continue
-    # Pillow's 22-bit fixed-point arithmetic, to match its rounding. Every
-    # product and sum is an integer below 2**53, so float64 stays exact.
-    weights = np.floor(_weights(out.shape[axis], size[axis]) * 2**22 + 0.5)
-    out = np.tensordot(weights, np.moveaxis(out, axis, 0), 1)
+    index, weights = _taps(out.shape[axis], size[axis])
+    out = np.moveaxis(out, axis, 0)
+    # Gather the few taps of each output pixel rather than multiplying by a
+    # dense matrix: no BLAS call, whose threading is slow for small images.
+    # Every product and sum is an integer below 2**53, so float64 is exact.
+    out = np.einsum('ok,ok...->o...', weights, out[index])
     out = np.floor((out + 2**21) / 2**22)
     out = np.moveaxis(np.clip(out, 0, 255), 0, axis)
   return out.astype(np.uint8).reshape(size + image.shape[2:])
 
 
 @functools.lru_cache(maxsize=16)
-def _weights(src, dst):
-  """(dst, src) matrix of normalised triangle-filter weights, as Pillow."""
+def _taps(src, dst):
+  """Input indices and Pillow's fixed-point triangle-filter weights.
+
+  Returns (dst, taps) arrays; unused taps have weight 0. Weights are scaled
+  by 2**22 and rounded, as Pillow does for 8-bit images.
+  """
   scale = src / dst
-  stretch = max(scale, 1.0)
-  support = stretch
-  matrix = np.zeros((dst, src))
+  stretch = max(scale, 1.0)  # Widen the filter when downscaling.
+  rows = []
   for i in range(dst):
     center = (i + 0.5) * scale
-    lo = max(int(center - support + 0.5), 0)
-    hi = min(int(center + support + 0.5), src)
+    lo = max(int(center - stretch + 0.5), 0)
+    hi = min(int(center + stretch + 0.5), src)
     taps = np.arange(lo, hi)
     w = np.maximum(0.0, 1.0 - np.abs((taps - center + 0.5) / stretch))
-    matrix[i, lo:hi] = w / w.sum()
-  return matrix
+    rows.append((taps, np.floor(w / w.sum() * 2**22 + 0.5)))
+  width = max(len(t) for t, _ in rows)
+  index = np.zeros((dst, width), np.int64)
+  weights = np.zeros((dst, width))
+  for i, (taps, w) in enumerate(rows):
+    index[i, :len(taps)] = taps
+    weights[i, :len(taps)] = w
+  return index, weights

@@ -79,6 +79,8 @@ class ClipAction(Wrapper):
     self._high = high
 
   def step(self, action):
+    if self._key not in action:  # Let CheckSpaces report the missing key.
+      return self.env.step(action)
     value = np.asarray(action[self._key])
     clipped = np.clip(value, self._low, self._high).astype(value.dtype)
     return self.env.step({**action, self._key: clipped})
@@ -100,10 +102,10 @@ def _unified_space(space):
   if dtype == space.dtype:
     return space
   low, high = space.low, space.high
-  if dtype == np.int32:
+  if dtype == np.int32:  # e.g. int64's default bounds would overflow.
     info = np.iinfo(np.int32)
-    low, high = np.clip(low, info.min, info.max), np.clip(high, info.min,
-                                                          info.max)
+    low = np.clip(low, info.min, info.max)
+    high = np.clip(high, info.min, info.max)
   return elements.Space(dtype, space.shape, low, high)
 
 
