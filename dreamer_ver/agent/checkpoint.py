@@ -1,0 +1,64 @@
+"""Save and load agent state as a flat name -> array `.npz`, without pickle.
+
+Loading needs a template of the expected structure (a freshly initialised
+state of the same config); names, shapes and dtypes must all match, and any
+mismatch is reported by name instead of as a pytree traceback.
+"""
+
+import os
+import pathlib
+
+import jax
+import numpy as np
+
+
+class CheckpointMismatch(ValueError):
+  pass
+
+
+def flatten(tree):
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(path): np.asarray(x) for path, x in leaves}
+
+
+def save(tree, path):
+  """Writes atomically: a reader never sees a half-written file."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + '.tmp')
+  with open(tmp, 'wb') as f:
+    np.savez(f, **flatten(tree))
+  os.replace(tmp, path)
+
+
+def load(path, template):
+  """Returns a tree shaped like `template` with the values stored at `path`."""
+  with np.load(path, allow_pickle=False) as data:
+    stored = {k: data[k] for k in data.files}
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+  expected = {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
+  problems = []
+  missing = sorted(set(expected) - set(stored))
+  extra = sorted(set(stored) - set(expected))
+  if missing:
+    problems.append(f'missing {_few(missing)}')
+  if extra:
+    problems.append(f'unexpected {_few(extra)}')
+  for name in sorted(set(expected) & set(stored)):
+    want, got = expected[name], stored[name]
+    if want.shape != got.shape or want.dtype != got.dtype:
+      problems.append(
+          f'{name}: expected {want.dtype}{list(want.shape)}, '
+          f'checkpoint has {got.dtype}{list(got.shape)}')
+  if problems:
+    raise CheckpointMismatch(
+        f'checkpoint {path} does not fit this config: ' + '; '.join(
+            problems[:5]) + (f' (+{len(problems) - 5} more)' if len(
+                problems) > 5 else ''))
+  values = [stored[jax.tree_util.keystr(p)] for p, _ in leaves]
+  return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _few(names, limit=3):
+  text = ', '.join(names[:limit])
+  return text + (f' and {len(names) - limit} more' if len(names) > limit else '')
