@@ -38,7 +38,13 @@ def expected_items(steps, workers, length, capacity):
 
 
 def starts(batch):
-  return {(int(w[0]), int(s[0])) for w, s in zip(batch['worker'], batch['step'])}
+  pairs = zip(batch['worker'][:, 0], batch['step'][:, 0])
+  return {(int(worker), int(step)) for worker, step in pairs}
+
+
+def file_lengths(directory):
+  """Row counts of the chunk files in a directory, from their names."""
+  return [chunklib.parse_filename(p.name)[3] for p in directory.glob('*.npz')]
 
 
 def latent(worker, step):
@@ -77,7 +83,8 @@ class TestStorage:
     # Step ids are unique per step and their last 4 bytes count rows.
     ids = {row.tobytes() for row in batch['stepid'].reshape(-1, 20)}
     assert len(ids) == len(set(batch['step'].reshape(-1).tolist()))
-    rows = batch['stepid'][..., 16:].astype(np.int64) @ (256 ** np.arange(3, -1, -1))
+    rows = batch['stepid'][..., 16:].astype(np.int64) @ (
+        256 ** np.arange(3, -1, -1))
     assert (rows == batch['step'] % 1024).all()
 
   @pytest.mark.parametrize('length,workers,capacity', [
@@ -121,7 +128,8 @@ class TestStorage:
     assert stats['steps'] <= 2 * 12
     assert stats['chunks_freed'] >= 2 * (500 // 4) - 8
 
-  @pytest.mark.parametrize('length,capacity', [(1, 1), (2, 2), (5, 10), (3, 20)])
+  @pytest.mark.parametrize(
+      'length,capacity', [(1, 1), (2, 2), (5, 10), (3, 20)])
   def test_sample_single_item(self, length, capacity):
     replay = replaylib.Replay(length, capacity)
     fill(replay, length)
@@ -132,7 +140,7 @@ class TestStorage:
     replay = replaylib.Replay(length=5, capacity=20, seed=0)
     fill(replay, 7)
     assert len(replay) == 3
-    counts = collections.Counter(int(x) for x in replay.sample(600)['step'][:, 0])
+    counts = collections.Counter(replay.sample(600)['step'][:, 0].tolist())
     assert sorted(counts) == [0, 1, 2]
     assert all(150 < count < 250 for count in counts.values()), counts
 
@@ -281,11 +289,17 @@ class TestUpdate:
     with pytest.raises(ValueError, match='not a stored key'):
       replay.update({'stepid': batch['stepid'], 'other': batch['deter']})
     with pytest.raises(ValueError, match='expected shape'):
-      replay.update({'stepid': batch['stepid'], 'deter': batch['deter'][..., :2]})
+      replay.update(
+          {'stepid': batch['stepid'], 'deter': batch['deter'][..., :2]})
     with pytest.raises(ValueError, match='stepid'):
       replay.update({'deter': batch['deter']})
     with pytest.raises(ValueError, match='not a stored key'):
       replay.update({'stepid': batch['stepid'], 'stepid2': batch['stepid']})
+    with pytest.raises(ValueError, match='priority'):
+      replay.update({'stepid': batch['stepid'], 'priority': np.ones(2)})
+    with pytest.raises(ValueError, match='mode'):
+      replay.sample(1, mode='other')
+    assert replay.stats()['updates'] == 0
 
   def test_priorities_reach_selector(self):
     selector = replaylib.Prioritized(seed=0)
@@ -365,36 +379,54 @@ class TestSaveLoad:
     replay.close()
     restored.close()
 
+  @pytest.mark.parametrize('every', [2, 7, 25])
+  def test_restore_exact_with_uneven_workers(self, tmp_path, every):
+    # Worker 0 adds one step for every ``every`` steps of worker 1, so its
+    # newest items sit in chunks created long before worker 1's newest.
+    replay = replaylib.Replay(4, 30, directory=tmp_path, chunksize=4, seed=1)
+    counters = [0, 0]
+    for index in range(400):
+      worker = 0 if index % every == 0 else 1
+      replay.add({'step': counters[worker], 'worker': worker}, worker)
+      counters[worker] += 1
+    replay.save(wait=True)
+    restored = replaylib.Replay(4, 30, directory=tmp_path, seed=2)
+    assert restored.load() == 30
+    ids = lambda r: {row.tobytes() for row in r.sample(3000)['stepid'][:, 0]}
+    assert ids(restored) == ids(replay)
+    assert len(ids(restored)) == 30
+
   def test_updates_and_growth_are_saved(self, tmp_path):
     replay = replaylib.Replay(4, 100, directory=tmp_path, chunksize=8)
     fill(replay, 10, extra=lambda w, s: {'deter': latent(w, s)})
     replay.save(wait=True)
     files = sorted(p.name for p in tmp_path.glob('*.npz'))
-    assert [int(name.split('-')[3][:-4]) for name in files] == [8, 2]
+    assert [chunklib.parse_filename(name)[3] for name in files] == [8, 2]
     # The open chunk grows and one step gets a new latent.
     fill(replay, 3, extra=lambda w, s: {'deter': latent(w, 10 + s)})
     batch = replay.sample(1)
     replay.update({'stepid': batch['stepid'][:, :1],
                    'deter': np.full((1, 1, 3), -7, np.float32)})
     replay.save(wait=True)
-    lengths = sorted(int(p.name.split('-')[3][:-4]) for p in tmp_path.glob('*.npz'))
+    lengths = sorted(file_lengths(tmp_path))
     assert lengths == [5, 8]  # The partial file was replaced, not added to.
     restored = replaylib.Replay(4, 100, directory=tmp_path)
     restored.load()
     everything = restored.sample(200)
     target = batch['stepid'][0, 0].tobytes()
     hits = [value for sid, value in zip(
-        everything['stepid'].reshape(-1, 20), everything['deter'].reshape(-1, 3))
+        everything['stepid'].reshape(-1, 20),
+        everything['deter'].reshape(-1, 3))
         if sid.tobytes() == target]
     assert hits and all((value == -7).all() for value in hits)
 
   def test_evicted_chunk_files_deleted(self, tmp_path):
     replay = replaylib.Replay(5, 12, directory=tmp_path, chunksize=4)
-    for round_ in range(10):
+    for _ in range(10):
       fill(replay, 20, workers=2)
       replay.save(wait=True)
       files = list(tmp_path.glob('*.npz'))
-      lengths = [int(p.name.split('-')[3][:-4]) for p in files]
+      lengths = file_lengths(tmp_path)
       stats = replay.stats()
       # Exactly the stored chunks are on disk, no matter how much was added.
       assert sum(lengths) == stats['steps']
@@ -413,7 +445,7 @@ class TestSaveLoad:
     after = {p.name for p in tmp_path.glob('*.npz')}
     untouched = after & before
     assert len(untouched) == len(before) - loaded
-    lengths = [int(name.split('-')[3][:-4]) for name in after - untouched]
+    lengths = [chunklib.parse_filename(name)[3] for name in after - untouched]
     assert sum(lengths) == restored.stats()['steps']
 
   def test_load_newest_up_to_capacity(self, tmp_path):
@@ -761,7 +793,10 @@ def test_threaded_stress(tmp_path):
   deadline = time.time() + 2.0
   while time.time() < deadline:
     replay.save()
-    time.sleep(0.2)
+    time.sleep(0.1)
+    assert replay.load() == 0  # Everything on disk is in memory or freed.
+    assert replay.stats()['items'] <= capacity
+    time.sleep(0.1)
   running.clear()
   for thread in threads:
     thread.join()
@@ -775,8 +810,7 @@ def test_threaded_stress(tmp_path):
   assert len(replay) == min(inserts, capacity) == capacity
   assert stats['evicted'] == inserts - capacity
   assert stats['samples'] > 0 and stats['updates'] > 0
-  lengths = [int(p.name.split('-')[3][:-4]) for p in tmp_path.glob('*.npz')]
-  assert sum(lengths) == stats['steps']
+  assert sum(file_lengths(tmp_path)) == stats['steps']
   # The latents written back are the ones that were stored: still exact.
   batch = replay.sample(64, mode='report')
   for row in range(64):

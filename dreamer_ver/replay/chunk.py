@@ -131,7 +131,7 @@ class Chunk:
     """Copies of the filled rows (and their times under ``TIME_KEY``)."""
     if self.data is None:
       return {}
-    arrays = {key: array[:self.length].copy() for key, array in self.data.items()}
+    arrays = {k: array[:self.length].copy() for k, array in self.data.items()}
     arrays[TIME_KEY] = self.times[:self.length].copy()
     return arrays
 

@@ -328,6 +328,13 @@ class Replay:
           f'{stepid.dtype} {stepid.shape}.')
     lead = stepid.shape[:-1]
     flat = np.ascontiguousarray(stepid).reshape(-1, STEPID_BYTES)
+    priority = data.get('priority')
+    if priority is not None:
+      priority = np.asarray(priority, np.float64)
+      if priority.shape != lead:
+        raise ValueError(
+            f'Replay.update: priority must have shape {lead}, got '
+            f'{priority.shape}.')
     values = {
         key: np.asarray(value) for key, value in data.items()
         if key not in ('stepid', 'priority')}
@@ -345,8 +352,8 @@ class Replay:
 
     written = skipped = 0
     with self._lock:
-      if 'priority' in data and hasattr(self.selector, 'prioritize'):
-        self.selector.prioritize(flat, np.asarray(data['priority']).reshape(-1))
+      if priority is not None and hasattr(self.selector, 'prioritize'):
+        self.selector.prioritize(flat, priority.reshape(-1))
       if values:
         for group, uuid in enumerate(unique):
           mask = which == group
@@ -424,17 +431,18 @@ class Replay:
     """Loads saved chunks, newest first, until ``amount`` items are covered.
 
     ``amount`` defaults to the capacity. Chunks already in memory (or freed
-    by this buffer) are skipped, unreadable files are logged and skipped. The
-    loaded items join the FIFO order oldest first, after the items already
-    stored. Chunks loaded from this buffer's own directory keep their files
-    (which are deleted on eviction); chunks from another directory are
-    written to this buffer's directory by the next ``save``. Files that are
-    not needed are left on disk. Returns the number of loaded items that are
-    stored afterwards.
+    by this buffer) are skipped; unreadable files are logged and skipped.
 
-    The FIFO order after a load follows chunk creation times, so across
-    workers it is only as fine as a chunk: which items a full buffer evicts
-    first may differ from the original run by up to a chunk per worker.
+    The loaded items join the FIFO after the items already stored, in the
+    order they were completed (the row times saved with each chunk), so a
+    full buffer keeps exactly the newest ones. Chunks are chosen by creation
+    time, newest first, each together with its predecessor, which holds the
+    newest items of slower workers in all but extreme cases.
+
+    Chunks loaded from this buffer's own directory keep their files (deleted
+    on eviction); chunks from another directory are written to this buffer's
+    directory by the next ``save``. Files that are not needed stay on disk.
+    Returns the number of loaded items stored afterwards.
     """
     directory = Path(directory) if directory else self.directory
     if directory is None or not directory.is_dir():
@@ -449,47 +457,38 @@ class Replay:
     with self._lock:
       skip = set(self._chunks) | self._retired
       live = [(c.time, c.uuid, c.succ, c.length) for c in self._chunks.values()]
-    ondisk = {}
-    for path in directory.glob('*.npz'):
-      try:
-        stamp, uuid, succ, length = chunklib.parse_filename(path.name)
-      except ValueError:
-        continue
-      if uuid in skip:
-        continue
-      # A crash between writing a grown chunk and deleting its older file
-      # leaves two files of one chunk: keep the one with more rows.
-      entry = (length, succ != chunklib.NO_SUCC, path, stamp, succ)
-      if uuid not in ondisk or entry[:2] > ondisk[uuid][:2]:
-        ondisk[uuid] = entry
-
-    infos = live + [(s, u, c, n) for u, (n, _, _, s, c) in ondisk.items()]
-    counts = self._count_items(infos)
+    ondisk = _scan(directory, skip)
+    counts = self._count_items(live + [
+        (f.stamp, f.uuid, f.succ, f.length) for f in ondisk.values()])
     chosen, total = [], 0
-    for uuid in sorted(ondisk, key=lambda u: ondisk[u][3], reverse=True):
+    for file in sorted(ondisk.values(), reverse=True):
       if total >= amount:
         break
-      chosen.append(uuid)
-      total += counts[uuid]
-    # Chunks are chosen by creation time, but items by when they were
-    # completed. Some of the newest items of a slower worker can sit in an
-    # older chunk, so each chosen chunk also brings its predecessor; the
-    # items beyond ``amount`` are then dropped by exact step times.
-    predecessor = {succ: u for u, (_, _, _, _, succ) in ondisk.items()}
-    extra = [predecessor[u] for u in chosen if predecessor.get(u) is not None]
-    chosen += [u for u in dict.fromkeys(extra) if u not in set(chosen)]
+      chosen.append(file)
+      total += counts[file.uuid]
+    # Chunks are chosen by creation time, but items age by when they were
+    # completed: a slower worker's newest items can sit in an older chunk.
+    # So each chosen chunk brings its predecessor; the items beyond
+    # ``amount`` are then dropped by exact step times.
+    predecessors = {f.succ: f for f in ondisk.values()}
+    taken = {file.uuid for file in chosen}
+    for file in list(chosen):
+      before = predecessors.get(file.uuid)
+      if before is not None and before.uuid not in taken:
+        chosen.append(before)
+        taken.add(before.uuid)
     if not chosen:
       return 0
 
-    paths = [ondisk[uuid][2] for uuid in chosen]
+    paths = [file.path for file in chosen]
     with ThreadPoolExecutor(4, 'replay_load') as pool:
       loaded = [c for c in pool.map(_try_load, paths) if c is not None]
     if not own:
       for chunk in loaded:
         chunk.path = None
-    return self._register(loaded)
+    return self._register(loaded, amount)
 
-  def _register(self, loaded):
+  def _register(self, loaded, amount):
     with self._lock:
       loaded = [
           c for c in loaded
@@ -527,14 +526,15 @@ class Replay:
           ends = self._item_end_times(chunk, counts[chunk.uuid])
           order += [(end, row, chunk) for row, end in enumerate(ends.tolist())]
       order.sort(key=lambda entry: entry[:2])
-      stored, inserted = len(self._items), len(order)
-      evicted = self._metrics['evicted']
-      for _, row, chunk in order:
+      keep = int(min(amount, self.capacity or np.inf, len(order)))
+      # Items that would be evicted right away are never inserted, and the
+      # chunks that only they needed are dropped without touching the files.
+      for _, _, chunk in order[:len(order) - keep]:
+        self._release(chunk, delete_file=False)
+      for _, row, chunk in order[len(order) - keep:]:
         self._insert(chunk, row)
       self._metrics['chunks_loaded'] += len(loaded)
-      # Eviction removes the items stored before the load first.
-      evicted = self._metrics['evicted'] - evicted
-      return inserted - max(0, evicted - stored)
+      return keep
 
   def _item_end_times(self, chunk, count):
     """Times of the last steps of the first ``count`` items of a chunk."""
@@ -643,6 +643,29 @@ def _prepare_step(step):
   if not prepared:
     raise ValueError('A step needs at least one key to store.')
   return prepared
+
+
+class _File(collections.namedtuple('_File', 'stamp uuid succ length path')):
+  """A chunk file found on disk; sorts by creation time."""
+
+
+def _scan(directory, skip):
+  """Chunk files in ``directory`` by uuid, leaving out the uuids in skip."""
+  found = {}
+  for path in directory.glob('*.npz'):
+    try:
+      file = _File(*chunklib.parse_filename(path.name), path)
+    except ValueError:
+      continue
+    if file.uuid in skip:
+      continue
+    # A crash between writing a grown chunk and deleting its older file
+    # leaves two files of one chunk: keep the one with more rows.
+    other = found.get(file.uuid)
+    if other is None or (file.length, file.succ != chunklib.NO_SUCC) > (
+        other.length, other.succ != chunklib.NO_SUCC):
+      found[file.uuid] = file
+  return found
 
 
 def _structure(chunk):
