@@ -32,6 +32,13 @@ Online queue
   non-overlapping sequence of fresh data is trained on at least once; the
   selector is used when the queue is empty.
 
+Files
+  With a ``directory``, ``save`` writes each chunk to one file (only chunks
+  that are new, grew, got a successor or were updated since their last
+  write), and freeing a chunk deletes its file, so the directory holds about
+  what the buffer holds (upstream never deleted chunk files). ``load``
+  restores the newest items, in their original order.
+
 Threads
   All bookkeeping happens under one lock, so ``add``, ``sample``, ``update``,
   ``save`` and ``load`` may be called from different threads. ``sample``
