@@ -23,6 +23,7 @@ import sys
 # or break the others. Register a script here once its module exists, e.g.
 #   'parallel': 'dreamer_ver.runtime.parallel:combined',
 SCRIPTS = {
+    'train': 'dreamer_ver.runtime.train:train',
 }
 
 # Scripts that run only env processes: they neither create the logdir nor
