@@ -44,6 +44,15 @@ is_last, is_terminal in every obs and reset in every action):
       clip_reward: False          use sign(reward)
     obs image (64,64,3) uint8; act action (minimal action set).
 
+  synthetic_<any name> (``synthetic.Synthetic``), for tests and benchmarks
+      length: 100                 episode length in steps
+      vector_size: 4              vector size
+      step_time: 0.0              seconds per step
+      jitter: 0.0                 sigma of a per-step lognormal time factor
+      slow_frac: 0.0              fraction of seeds that are slow
+      slow_factor: 4.0            how much slower those are
+    obs vector (cue in vector[0]), count; act action (2 classes).
+
 This package must stay light: it imports neither JAX nor the agent or
 runtime, and suite backends (gymnasium, dm_control, ale-py) load only when
 their suite is used.
@@ -64,6 +73,9 @@ DEFAULTS = {
         'size': (64, 64), 'repeat': 4, 'sticky': False, 'gray': False,
         'actions': 'needed', 'lives': 'unused', 'noops': 30,
         'autostart': False, 'resize': 'pillow', 'clip_reward': False},
+    'synthetic': {
+        'length': 100, 'vector_size': 4, 'step_time': 0.0, 'jitter': 0.0,
+        'slow_frac': 0.0, 'slow_factor': 4.0},
 }
 
 _CONSTRUCTORS = {
@@ -71,6 +83,7 @@ _CONSTRUCTORS = {
     'gym': 'gym:FromGym',
     'dmc': 'dmc:DMC',
     'atari100k': 'atari:Atari',
+    'synthetic': 'synthetic:Synthetic',
 }
 
 

@@ -1,0 +1,74 @@
+"""A synthetic env with a configurable step time, for tests and benchmarks.
+
+Each episode is a contextual bandit: `vector[0]` shows a cue in {0, 1} and
+the reward is 1 when the action equals the cue shown with the previous
+observation, so a policy that reads the cue scores `length` and a random one
+half of it. `count` is the step index within the episode, which lets tests
+check that per-env state is routed correctly.
+
+Step time: `step_time` seconds, times `slow_factor` for the envs that draw
+`slow` (a fraction `slow_frac` of seeds), times a per-step lognormal factor
+with sigma `jitter`.
+"""
+
+import time
+
+import elements
+import numpy as np
+
+from . import base
+
+
+class Synthetic(base.Env):
+
+  def __init__(self, task, seed=0, length=100, vector_size=4, step_time=0.0,
+               jitter=0.0, slow_frac=0.0, slow_factor=4.0):
+    del task
+    self.rng = np.random.default_rng(seed)
+    self.length = int(length)
+    self.size = int(vector_size)
+    self.jitter = float(jitter)
+    self.slow = bool(self.rng.random() < slow_frac)
+    self.step_time = float(step_time) * (slow_factor if self.slow else 1.0)
+    self.count = None
+    self.cue = 0
+
+  @property
+  def obs_space(self):
+    return {
+        **base.basic_obs_space(),
+        'vector': elements.Space(np.float32, (self.size,)),
+        'count': elements.Space(np.float32),
+    }
+
+  @property
+  def act_space(self):
+    return {
+        'action': elements.Space(np.int32, (), 0, 2),
+        'reset': elements.Space(bool),
+    }
+
+  def step(self, action):
+    self._sleep()
+    if action['reset'] or self.count is None or self.count >= self.length:
+      self.count = 0
+      return self._obs(0.0, is_first=True)
+    reward = float(int(action['action']) == self.cue)
+    self.count += 1
+    return self._obs(reward, is_last=self.count >= self.length)
+
+  def _obs(self, reward, is_first=False, is_last=False):
+    self.cue = int(self.rng.integers(0, 2))
+    vector = np.zeros(self.size, np.float32)
+    vector[0] = self.cue
+    return {
+        **base.basic_obs(reward, is_first, is_last, is_terminal=False),
+        'vector': vector,
+        'count': np.float32(self.count),
+    }
+
+  def _sleep(self):
+    if not self.step_time:
+      return
+    factor = np.exp(self.rng.normal(0, self.jitter)) if self.jitter else 1.0
+    time.sleep(self.step_time * factor)
