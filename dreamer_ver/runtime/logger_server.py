@@ -1,0 +1,373 @@
+"""The logger server: counts env steps, turns transitions into episodes, writes metrics.
+
+``LoggerService`` holds the logic and is usable without sockets:
+
+* ``tran(trans)`` gets every transition batch the actor serves. Rows of train
+  envs advance the global env step counter (the x-axis of every curve). Rows
+  are grouped per env id into episodes; a finished train episode becomes
+  ``episode/score`` and ``episode/length``, a finished eval episode
+  ``eval_episode/score`` and ``eval_episode/length`` (upstream mixed the two),
+  and each one is a line in ``scores.jsonl``. An episode whose start was not
+  seen, or that was cut by a new ``is_first`` (``parallel/ep_abandoned``), or
+  whose env went silent for ``run.episode_timeout`` seconds is never logged.
+* ``add(metrics)`` gets scalars from the other components; each key is
+  averaged until the next ``write()``.
+* ``write()`` appends one line to ``metrics.jsonl`` (and TensorBoard if asked
+  for) and prints a short progress report.
+
+``logger.outputs`` picks the files: ``jsonl`` (``metrics.jsonl`` and
+``scores.jsonl``), ``tensorboard`` (needs TensorFlow; disabled with a message
+when it is missing).
+
+``serve_logger(config)`` is the process: both methods share one portal worker,
+so they run one at a time, and the main loop writes and saves on its clocks.
+
+Lengths exclude the reset step (the first row of an episode holds the reset
+observation, not a step taken by the policy); scores include its reward (as
+upstream; it is zero for the envs here).
+
+This module imports neither JAX nor the agent.
+"""
+
+import collections
+import collections.abc
+import json
+import math
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dreamer_ver.runtime.process import StopSignal, server_kwargs, split_addr
+
+REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
+
+
+class _Episode:
+  """The running totals of one env's open episode."""
+
+  __slots__ = ('is_eval', 'score', 'length', 'logs', 'updated')
+
+  def __init__(self, is_eval, now):
+    self.is_eval = is_eval
+    self.score = 0.0
+    self.length = 0
+    self.logs = {}  # log key -> [sum, count]
+    self.updated = now
+
+
+class LoggerService:
+  """Env step counter, episode aggregation and metric files of one run."""
+
+  def __init__(self, config, logdir=None, clock=time.monotonic, out=print):
+    self.config = config
+    self.logdir = Path(logdir if logdir is not None else config.logdir)
+    self.logdir.mkdir(parents=True, exist_ok=True)
+    self.ckpt = self.logdir / 'ckpt' / 'logger.json'
+    self.scores_path = self.logdir / 'scores.jsonl'
+    self.metrics_path = self.logdir / 'metrics.jsonl'
+    self.outputs = tuple(config.logger.outputs)
+    self.filter = re.compile(config.logger.filter) if (
+        config.logger.filter) else None
+    self.timeout = float(config.run.episode_timeout)
+    self.target = float(config.run.steps)
+    self.clock = clock
+    self.out = out
+
+    self._lock = threading.RLock()
+    self._step = 0
+    self._episodes_done = {'train': 0, 'eval': 0}
+    self._open = {}  # envid -> _Episode
+    self._means = collections.defaultdict(lambda: [0.0, 0])  # key -> [sum, n]
+    self._counts = collections.Counter()  # parallel/* counters per write
+    self._latest = {}  # 'score', 'eval_score', 'fps/train' -> last value
+    self._tensorboard = None
+    self.activity = 0
+    self._last_write = (self._step, clock())
+
+  @property
+  def step(self):
+    """Env steps of train envs so far (restored by ``load``)."""
+    return self._step
+
+  @property
+  def episodes(self):
+    """Finished train episodes so far (restored by ``load``)."""
+    return self._episodes_done['train']
+
+  # --------------------------------------------------------- transitions
+
+  def tran(self, trans):
+    """Counts env steps and aggregates episodes from a transition batch."""
+    columns, logs = self._check(trans)
+    envids, is_eval = columns['envid'], columns['is_eval']
+    is_first, is_last = columns['is_first'], columns['is_last']
+    rewards = columns['reward']
+    with self._lock:
+      self.activity += 1
+      now = self.clock()
+      for i in range(len(envids)):
+        envid, evaluating = int(envids[i]), bool(is_eval[i])
+        if not evaluating:
+          self._step += 1
+        episode = self._open.get(envid)
+        if is_first[i]:
+          self._counts['parallel/ep_starts'] += 1
+          if episode is not None:  # It never saw is_last: a half episode.
+            self._counts['parallel/ep_abandoned'] += 1
+          episode = self._open[envid] = _Episode(evaluating, now)
+        elif episode is None:
+          continue  # Its start came before this logger (re)started.
+        episode.updated = now
+        episode.score += float(rewards[i])
+        episode.length += 1
+        for key, values in logs.items():
+          entry = episode.logs.setdefault(key, [0.0, 0])
+          entry[0] += float(values[i])
+          entry[1] += 1
+        if is_last[i]:
+          self._counts['parallel/ep_ends'] += 1
+          del self._open[envid]
+          self._finish(envid, episode)
+      self._expire(now)
+    return {}
+
+  def _finish(self, envid, episode):
+    kind = 'eval' if episode.is_eval else 'train'
+    name = 'eval_episode' if episode.is_eval else 'episode'
+    stats = 'eval_epstats' if episode.is_eval else 'epstats'
+    score, length = episode.score, episode.length - 1
+    self._episodes_done[kind] += 1
+    self._mean(f'{name}/score', score)
+    self._mean(f'{name}/length', length)
+    for key, (total, count) in episode.logs.items():
+      self._mean(f'{stats}/{key}', total / count)
+    self._latest['eval_score' if episode.is_eval else 'score'] = score
+    record = {
+        'step': self._step, 'env': envid, 'score': score, 'length': length,
+        'eval': episode.is_eval, 'time': time.time()}
+    if 'jsonl' in self.outputs:
+      with self.scores_path.open('a') as file:
+        file.write(json.dumps(record) + '\n')
+
+  def _expire(self, now):
+    """Drops open episodes of envs that have been silent too long."""
+    if self.timeout <= 0:
+      return
+    for envid in [
+        envid for envid, episode in self._open.items()
+        if now - episode.updated >= self.timeout]:
+      del self._open[envid]
+      self._counts['parallel/ep_timeout'] += 1
+
+  def _check(self, trans):
+    """(required columns, scalar log/ columns), or ValueError; no side effects."""
+    if not isinstance(trans, collections.abc.Mapping):
+      raise TypeError(
+          f'tran expects a dict of arrays, got {type(trans).__name__}.')
+    missing = [key for key in REQUIRED_KEYS if key not in trans]
+    if missing:
+      raise ValueError(
+          f'tran: missing keys {missing}; received keys {sorted(trans)}.')
+    count = np.shape(trans['envid'])[0] if np.ndim(trans['envid']) else None
+    if count is None:
+      raise ValueError("tran: 'envid' must be an array [N].")
+    for key, value in trans.items():
+      shape = np.shape(value)
+      if not shape or shape[0] != count:
+        raise ValueError(
+            f"tran: key {key!r}: expected leading dim N={count} (from "
+            f"'envid'), received shape {shape}.")
+    columns = {key: np.asarray(trans[key]) for key in REQUIRED_KEYS}
+    # Only numeric scalars per row are aggregated; other log values are ignored.
+    logs = {}
+    for key, value in trans.items():
+      if key.startswith('log/'):
+        value = np.asarray(value)
+        if value.ndim == 1 and (
+            np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+          logs[key] = value
+    return columns, logs
+
+  # ------------------------------------------------------------- metrics
+
+  def add(self, metrics):
+    """Averages scalar metrics until the next write; ignores other values."""
+    if not isinstance(metrics, collections.abc.Mapping):
+      raise TypeError(
+          f'add expects a dict of scalars, got {type(metrics).__name__}.')
+    with self._lock:
+      self.activity += 1
+      for key, value in metrics.items():
+        value = _scalar(value)
+        if value is None:
+          continue
+        self._mean(str(key), value)
+        if key == 'fps/train':
+          self._latest['fps/train'] = value
+    return {}
+
+  def _mean(self, key, value):
+    entry = self._means[key]
+    entry[0] += value
+    entry[1] += 1
+
+  def write(self):
+    """Writes the metrics gathered since the last write; returns the record
+    (None when the step did not advance and nothing new arrived)."""
+    with self._lock:
+      now = self.clock()
+      self._expire(now)
+      record = {key: total / n for key, (total, n) in self._means.items()}
+      record.update(self._counts)
+      last_step, last_time = self._last_write
+      if self._step == last_step and not record:
+        return None
+      fps = (self._step - last_step) / max(now - last_time, 1e-9)
+      record = {'step': self._step, **record}
+      self._means.clear()
+      self._counts.clear()
+      self._last_write = (self._step, now)
+      latest = dict(self._latest)
+      episodes = self._episodes_done['train']
+    if 'jsonl' in self.outputs:
+      with self.metrics_path.open('a') as file:
+        file.write(json.dumps(record) + '\n')
+    if 'tensorboard' in self.outputs:
+      self._write_tensorboard(record)
+    self.out(self._progress(record, fps, episodes, latest), flush=True)
+    return record
+
+  def _progress(self, record, fps, episodes, latest):
+    step = record['step']
+    parts = [f'step {step:_}', f'{fps:.1f} env steps/s', f'episodes {episodes}']
+    if 'score' in latest:
+      parts.append(f'score {record.get("episode/score", latest["score"]):.2f}')
+    if 'eval_score' in latest:
+      parts.append(f'eval score '
+                   f'{record.get("eval_episode/score", latest["eval_score"]):.2f}')
+    if 'fps/train' in latest:
+      parts.append(f'{latest["fps/train"]:.1f} train steps/s')
+    remaining = self.target - step
+    if fps > 0 and remaining > 0:
+      parts.append(f'ETA {_duration(remaining / fps)}')
+    lines = ['[logger] ' + ' | '.join(parts)]
+    if self.filter:
+      shown = [
+          f'{key} {_format(value)}' for key, value in record.items()
+          if key != 'step' and self.filter.search(key)]
+      if shown:
+        lines.append('[logger] ' + ' / '.join(shown))
+    return '\n'.join(lines)
+
+  def _write_tensorboard(self, record):
+    if self._tensorboard is False:
+      return
+    try:
+      if self._tensorboard is None:
+        import elements
+        self._tensorboard = elements.logger.TensorBoardOutput(
+            str(self.logdir), parallel=False)
+      step = record['step']
+      self._tensorboard(tuple(
+          (step, key, np.asarray(value, np.float32))
+          for key, value in record.items() if key != 'step'))
+    except ImportError as error:
+      self._tensorboard = False
+      self.out(f'[logger] TensorBoard output disabled: {error}', flush=True)
+
+  # --------------------------------------------------------- save / load
+
+  def save(self):
+    """Writes the step counter and episode counts atomically."""
+    with self._lock:
+      state = {'step': self._step, 'episodes': self._episodes_done['train'],
+               'eval_episodes': self._episodes_done['eval']}
+    self.ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = self.ckpt.with_name(self.ckpt.name + '.tmp')
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, self.ckpt)
+
+  def load(self):
+    """Restores the counters; returns False when there is no checkpoint."""
+    if not self.ckpt.exists():
+      return False
+    state = json.loads(self.ckpt.read_text())
+    with self._lock:
+      self._step = int(state['step'])
+      self._episodes_done['train'] = int(state.get('episodes', 0))
+      self._episodes_done['eval'] = int(state.get('eval_episodes', 0))
+      self._last_write = (self._step, self.clock())
+    return True
+
+
+# ------------------------------------------------------------------ process
+
+def serve_logger(config, stop=None):
+  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
+  import portal
+
+  stop = stop if stop is not None else StopSignal()
+  service = LoggerService(config)
+  if service.load():
+    print(f'[logger] resumed at step {service.step}', flush=True)
+  addr = config.run.logger_addr
+  _, port = split_addr(addr)
+  server = portal.Server(
+      port, 'Logger', workers=1, errors=False, **server_kwargs(addr))
+  server.bind('add', service.add)  # Both on the shared single worker.
+  server.bind('tran', service.tran)
+  server.start(block=False)
+  save_every, log_every = config.run.save_every, config.run.log_every
+  last_save = last_log = time.monotonic()
+  last_activity = service.activity
+  try:
+    while not stop.wait(0.5):
+      now = time.monotonic()
+      if now - last_log >= log_every:
+        last_log = now
+        if service.activity != last_activity:  # Idle: nothing to report.
+          service.add({
+              f'server/logger/{key}': value
+              for key, value in server.stats().items()})
+          last_activity = service.activity
+        service.write()
+      if save_every > 0 and now - last_save >= save_every:
+        last_save = now
+        service.save()
+  finally:
+    server.close(timeout=5)
+    service.write()
+    service.save()
+  print('[logger] stopped', flush=True)
+  return 0
+
+
+# ------------------------------------------------------------------ helpers
+
+def _scalar(value):
+  """A float for numbers, bools and 0-d arrays; None for anything else."""
+  if isinstance(value, (bool, int, float, np.number, np.bool_)):
+    return float(value)
+  if isinstance(value, np.ndarray) and value.ndim == 0 and (
+      np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+    return float(value)
+  return None
+
+
+def _format(value):
+  value = float(value)
+  if value == 0 or not math.isfinite(value):
+    return str(value if value else 0)
+  if 0.01 <= abs(value) < 1e5:
+    return f'{value:.4g}' if abs(value) < 100 else f'{value:.1f}'
+  return f'{value:.2e}'
+
+
+def _duration(seconds):
+  seconds = int(seconds)
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}:{rest // 60:02d}:{rest % 60:02d}'

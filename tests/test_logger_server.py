@@ -1,0 +1,262 @@
+"""Tests for the logger server: episodes, step counter and files, by value."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import portal
+import pytest
+
+from dreamer_ver.config import compose
+from dreamer_ver.runtime.logger_server import LoggerService, serve_logger
+from dreamer_ver.runtime.process import StopSignal, free_port
+
+
+class Clock:
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def make_service(tmp_path, clock=None, **overrides):
+  values = {'logdir': str(tmp_path), 'run.episode_timeout': 10.0,
+            'run.steps': 1000}
+  values.update(overrides)
+  lines = []
+  service = LoggerService(
+      compose(['debug'], values), clock=clock or Clock(),
+      out=lambda text, **_: lines.append(text))
+  service.lines = lines
+  return service
+
+
+def rows(*steps):
+  """steps: (envid, reward, is_first, is_last[, is_eval[, extra]]) tuples."""
+  columns = {'envid': [], 'reward': [], 'is_first': [], 'is_last': [],
+             'is_eval': []}
+  extras = {}
+  for step in steps:
+    envid, reward, first, last, *rest = step
+    columns['envid'].append(envid)
+    columns['reward'].append(reward)
+    columns['is_first'].append(first)
+    columns['is_last'].append(last)
+    columns['is_eval'].append(rest[0] if rest else False)
+    for key, value in (rest[1] if len(rest) > 1 else {}).items():
+      extras.setdefault(key, []).append(value)
+  trans = {
+      'envid': np.array(columns['envid'], np.int64),
+      'reward': np.array(columns['reward'], np.float32),
+      'is_first': np.array(columns['is_first'], bool),
+      'is_last': np.array(columns['is_last'], bool),
+      'is_eval': np.array(columns['is_eval'], bool),
+      'is_terminal': np.zeros(len(steps), bool),
+      'vector': np.zeros((len(steps), 3), np.float32),
+  }
+  trans.update({key: np.array(value) for key, value in extras.items()})
+  return trans
+
+
+def scores(tmp_path):
+  path = tmp_path / 'scores.jsonl'
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def metrics(tmp_path):
+  path = tmp_path / 'metrics.jsonl'
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_interleaved_episodes_by_value(tmp_path):
+  service = make_service(tmp_path)
+  # Env 0: rewards 0 (reset), 1, 2, 3 -> score 6, length 3.
+  # Env 1: rewards 0 (reset), 5, 5 -> score 10, length 2; ends first.
+  service.tran(rows((0, 0.0, True, False), (1, 0.0, True, False)))
+  service.tran(rows((1, 5.0, False, False), (0, 1.0, False, False)))
+  service.tran(rows((0, 2.0, False, False)))
+  service.tran(rows((1, 5.0, False, True), (0, 3.0, False, True)))
+  assert service.step == 7 and service.episodes == 2
+  lines = scores(tmp_path)
+  assert [(s['env'], s['score'], s['length'], s['eval'], s['step'])
+          for s in lines] == [(1, 10.0, 2, False, 6), (0, 6.0, 3, False, 7)]
+  assert all(isinstance(s['time'], float) for s in lines)
+  record = service.write()
+  assert record['step'] == 7
+  assert record['episode/score'] == 8.0 and record['episode/length'] == 2.5
+  assert record['parallel/ep_starts'] == 2 and record['parallel/ep_ends'] == 2
+  assert 'eval_episode/score' not in record
+  assert metrics(tmp_path) == [record]
+
+
+def test_eval_episodes_are_logged_separately(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows((5, 0.0, True, False, True), (0, 0.0, True, False)))
+  service.tran(rows((5, 2.5, False, False, True), (0, 1.0, False, False)))
+  service.tran(rows((5, 2.5, False, True, True)))
+  assert service.step == 2  # Eval rows are not env steps.
+  record = service.write()
+  assert record['eval_episode/score'] == 5.0
+  assert record['eval_episode/length'] == 2
+  assert 'episode/score' not in record
+  assert scores(tmp_path) == [{**scores(tmp_path)[0], 'step': 2, 'env': 5,
+                               'score': 5.0, 'length': 2, 'eval': True}]
+  assert service.episodes == 0
+  assert 'eval score 5.00' in service.lines[-1]
+
+
+def test_abandoned_half_episode_is_counted_not_logged(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows((0, 0.0, True, False), (0, 7.0, False, False)))
+  # The env restarted without an is_last: the half episode is dropped.
+  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, False)))
+  service.tran(rows((0, 1.0, False, True)))
+  assert [(s['score'], s['length']) for s in scores(tmp_path)] == [(2.0, 2)]
+  record = service.write()
+  assert record['parallel/ep_abandoned'] == 1
+  assert record['episode/score'] == 2.0
+  assert service.step == 5
+
+
+def test_episode_without_a_seen_start_is_not_logged(tmp_path):
+  clock = Clock()
+  service = make_service(tmp_path, clock)
+  # Mid-episode rows (the logger restarted): ignored for episodes, counted
+  # as steps.
+  service.tran(rows((3, 4.0, False, False), (3, 4.0, False, True)))
+  # Env 4 goes silent longer than the timeout: its episode is dropped.
+  service.tran(rows((4, 0.0, True, False), (4, 1.0, False, False)))
+  clock.now += 11
+  service.tran(rows((0, 0.0, True, False)))
+  clock.now += 1
+  service.tran(rows((4, 1.0, False, True)))
+  assert scores(tmp_path) == []
+  assert service.step == 6
+  record = service.write()
+  assert record['parallel/ep_timeout'] == 1
+  assert 'episode/score' not in record
+
+
+def test_log_keys_averaged_per_episode(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows(
+      (0, 0.0, True, False, False, {'log/speed': 1.0, 'log/img': [1, 2]}),
+      (0, 0.0, False, False, False, {'log/speed': 2.0, 'log/img': [1, 2]})))
+  service.tran(rows(
+      (0, 0.0, False, True, False, {'log/speed': 6.0, 'log/img': [1, 2]})))
+  service.tran(rows(
+      (1, 0.0, True, False, False, {'log/speed': 5.0, 'log/img': [1, 2]}),
+      (1, 0.0, False, True, False, {'log/speed': 5.0, 'log/img': [1, 2]})))
+  record = service.write()
+  assert record['epstats/log/speed'] == 4.0  # Mean of 3 and 5.
+  assert not any('img' in key for key in record)
+
+
+def test_metrics_averaged_until_write(tmp_path):
+  service = make_service(tmp_path)
+  assert service.write() is None  # Nothing new, step unchanged.
+  service.add({'train/loss': np.float32(2.0), 'fps/train': 50.0,
+               'timer/agent': 'text summary', 'hist': np.arange(3)})
+  service.add({'train/loss': 4, 'replay/items': np.array(7)})
+  record = service.write()
+  assert record == {'step': 0, 'train/loss': 3.0, 'fps/train': 50.0,
+                    'replay/items': 7.0}
+  assert service.write() is None
+  service.tran(rows((0, 0.0, True, False)))
+  assert service.write() == {'step': 1, 'parallel/ep_starts': 1}
+  assert [line['step'] for line in metrics(tmp_path)] == [0, 1]
+  assert '50.0 train steps/s' in service.lines[0]
+  assert 'fps/train 50' in service.lines[0]  # Matches logger.filter.
+
+
+def test_outputs_select_the_files(tmp_path):
+  # Without jsonl no files are written; TensorBoard needs TensorFlow and
+  # only disables itself when it is missing.
+  service = make_service(tmp_path, **{'logger.outputs': ['tensorboard']})
+  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, True)))
+  assert service.write()['episode/score'] == 1.0
+  service.add({'a': 2.0})
+  assert service.write() == {'step': 2, 'a': 2.0}
+  assert not (tmp_path / 'metrics.jsonl').exists()
+  assert not (tmp_path / 'scores.jsonl').exists()
+
+
+def test_progress_line_has_rate_and_eta(tmp_path):
+  clock = Clock()
+  service = make_service(tmp_path, clock, **{'run.steps': 1000})
+  service.tran(rows(*[(i, 0.0, True, False) for i in range(10)]))
+  clock.now += 2.0
+  service.write()
+  first = service.lines[-1].splitlines()[0]
+  # 10 steps in 2 s: 5 steps/s, 990 steps left -> 198 s.
+  assert 'step 10 ' in first and '5.0 env steps/s' in first
+  assert 'ETA 0:03:18' in first
+
+
+def test_malformed_tran_raises_and_changes_nothing(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows((0, 0.0, True, False)))
+  bad = rows((0, 1.0, False, False), (1, 0.0, True, False))
+  bad['reward'] = bad['reward'][:1]
+  with pytest.raises(ValueError, match=r"'reward': expected leading dim N=2"):
+    service.tran(bad)
+  bad = rows((0, 1.0, False, True))
+  del bad['is_last']
+  with pytest.raises(ValueError, match=r"missing keys \['is_last'\]"):
+    service.tran(bad)
+  assert service.step == 1
+  service.tran(rows((0, 1.0, False, True)))
+  assert [s['score'] for s in scores(tmp_path)] == [1.0]
+
+
+def test_step_counter_resumes_after_save_and_load(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, True),
+                    (1, 0.0, True, False, True), (1, 0.0, False, True, True)))
+  service.save()
+  assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text()) == {
+      'step': 2, 'episodes': 1, 'eval_episodes': 1}
+  restored = make_service(tmp_path)
+  assert restored.load()
+  assert restored.step == 2 and restored.episodes == 1
+  restored.tran(rows((0, 0.0, True, False)))
+  assert restored.write()['step'] == 3
+  assert not make_service(tmp_path / 'fresh').load()
+
+
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_server_round_trip_and_stop(tmp_path):
+  port = free_port()
+  config = compose(['debug'], {
+      'logdir': str(tmp_path), 'run.logger_addr': f'127.0.0.1:{port}',
+      'run.log_every': 0.5, 'run.save_every': 0.5})
+  stop = StopSignal(install=False)
+  result = []
+  thread = threading.Thread(
+      target=lambda: result.append(serve_logger(config, stop)), daemon=True)
+  thread.start()
+  client = portal.Client(f'127.0.0.1:{port}', 'TestLogger')
+  try:
+    assert client.connect(timeout=15)
+    assert client.tran(rows((0, 0.0, True, False), (0, 2.0, False, True))
+                       ).result(10) == {}
+    assert client.add({'fps/train': 3.0}).result(10) == {}
+    with pytest.raises(RuntimeError, match='missing keys'):
+      client.tran({'envid': np.zeros(1, np.int64)}).result(10)
+    assert client.tran(rows((1, 0.0, True, False))).result(10) == {}
+  finally:
+    client.close(timeout=2)
+    stop.set()
+    thread.join(timeout=15)
+  assert result == [0]
+  lines = metrics(tmp_path)
+  assert lines[-1]['step'] == 3
+  assert any(line.get('episode/score') == 2.0 for line in lines)
+  assert any(line.get('fps/train') == 3.0 for line in lines)
+  assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text())[
+      'step'] == 3
+  assert [s['score'] for s in scores(tmp_path)] == [2.0]
