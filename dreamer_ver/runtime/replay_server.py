@@ -1,0 +1,493 @@
+"""The replay server: stores transitions from the actor, serves batches to the learner.
+
+``ReplayService`` holds the logic and is usable without sockets:
+
+* a train replay (sequences of ``batch_length + replay_context`` steps, one
+  stream per env id, online queue), an eval replay (sequences of
+  ``report_length + replay_context`` steps) and the samples-per-insert
+  limiter that turns ``run.train_ratio`` into back-pressure;
+* ``add_batch`` waits in the limiter before each train row, so a learner that
+  falls behind slows the actor down; sampling waits when the learner runs
+  ahead of the data;
+* every wait gives up when the service is closing, so a stop never hangs on a
+  blocked caller.
+
+``serve_replay(config)`` is the process: it exposes the service over portal
+(one worker per method, so a blocked ``add_batch`` never blocks sampling),
+saves periodically and sends stats to the logger without ever waiting on it.
+
+What is stored: every column of the transition batch except ``envid`` and
+``is_eval`` (they route the row: env id = replay stream, is_eval = which
+replay) and ``version`` (the policy version is a logging concern; dropping it
+keeps int64 columns out of the learner's jitted batch). ``log/*`` keys are
+dropped too. The learner's batches hold the stored keys plus ``stepid`` and
+``consec``.
+
+This module imports neither JAX nor the agent.
+"""
+
+import collections.abc
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dreamer_ver.replay import (
+    Mixture, Prioritized, Recency, Replay, SamplesPerInsert, Uniform,
+    Unlimited)
+from dreamer_ver.runtime.process import StopSignal, server_kwargs, split_addr
+
+# Columns of a transition batch that route rows and are never stored.
+ROUTING_KEYS = ('envid', 'is_eval', 'version')
+# Columns the replay buffer makes itself.
+RESERVED_KEYS = ('stepid', 'consec')
+
+METHODS = (
+    'add_batch', 'sample_batch_train', 'sample_batch_report',
+    'sample_batch_eval', 'update')
+
+
+class Closing(RuntimeError):
+  """Raised to a caller whose wait was cut short because the service stops."""
+
+
+class ReplayService:
+  """Train and eval replays plus the limiter, with the server's methods."""
+
+  def __init__(self, config, logdir=None, poll=0.05):
+    logdir = Path(logdir if logdir is not None else config.logdir)
+    self.logdir = logdir
+    self.batch_size = int(config.batch_size)
+    self.batch_length = int(config.batch_length)
+    context = int(config.replay_context)
+    self.train_length = self.batch_length + context
+    self.report_length = int(config.report_length) + context
+    if self.report_length > self.train_length:
+      raise ValueError(
+          f'report_length + replay_context ({self.report_length}) must not '
+          f'exceed batch_length + replay_context ({self.train_length}).')
+    size = int(config.replay.size)
+    self.train = Replay(
+        self.train_length, size, logdir / 'replay',
+        chunksize=int(config.replay.chunksize),
+        online=bool(config.replay.online),
+        selector=make_selector(config, config.seed), seed=config.seed)
+    # Eval data is only used for eval reports: a tenth of the train capacity
+    # (as upstream), but never less than one batch of sequences.
+    eval_size = max(size // 10, self.batch_size * self.report_length)
+    self.eval = Replay(
+        self.report_length, eval_size, logdir / 'replay_eval',
+        chunksize=int(config.replay.chunksize), online=False,
+        selector=Uniform(config.seed + 1), seed=config.seed + 1)
+    self.limiter = make_limiter(config)
+    self.ckpt = logdir / 'ckpt' / 'replay.json'
+
+    self.poll = poll
+    self._closing = threading.Event()
+    self._cond = threading.Condition()  # Wakes waiters on insert/sample/close.
+    self._waits = {kind: [0.0, 0, 0] for kind in ('insert', 'sample')}
+    self._waits_lock = threading.Lock()
+    self._last_counts = _counts(self.train.stats())
+    self._last_eval_counts = _counts(self.eval.stats())
+    self.activity = 0  # RPCs so far; the server saves only after new ones.
+
+  # -------------------------------------------------------------- writing
+
+  def add_batch(self, trans):
+    """Stores a transition batch; train rows wait for the limiter.
+
+    The whole batch is checked before any row is stored, so a malformed
+    batch raises ValueError and changes nothing. Returns {}.
+    """
+    self.activity += 1
+    envid, is_eval, data = self._check_batch(trans)
+    for index in range(len(envid)):
+      step = {key: value[index] for key, value in data.items()}
+      worker = int(envid[index])
+      if is_eval[index]:
+        self.eval.add(step, worker=worker)
+        continue
+      if not self._wait('insert', self.limiter.want_insert):
+        return {}  # Closing: the rest of the batch is not stored.
+      self.train.add(step, worker=worker)
+      self.limiter.insert()
+      self._notify()
+    return {}
+
+  def update(self, data):
+    """Writes values (the learner's latents) back at their step ids."""
+    self.activity += 1
+    self.train.update(data)
+    return {}
+
+  # ------------------------------------------------------------- sampling
+
+  def sample_batch_train(self, timeout=None):
+    """[batch_size, batch_length + replay_context] sequences for training.
+
+    Waits while the limiter refuses (too little data, or the learner is too
+    far ahead), then while the buffer has no sequence yet. Raises
+    TimeoutError after ``timeout`` seconds and Closing when the service stops.
+    """
+    self.activity += 1
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not self._wait('sample', self.limiter.want_sample, timeout):
+      raise Closing('Replay is closing.')
+    self.limiter.sample(self.batch_size)  # The limiter counts sequences.
+    self._notify()
+    return self._sample(self.train, 'train', deadline)
+
+  def sample_batch_report(self, timeout=None):
+    """[batch_size, report_length + replay_context]: the first steps of
+    train sequences (no limiter: reports do not count as training)."""
+    self.activity += 1
+    deadline = None if timeout is None else time.monotonic() + timeout
+    batch = self._sample(self.train, 'report', deadline)
+    return {
+        key: np.ascontiguousarray(value[:, :self.report_length])
+        for key, value in batch.items()}
+
+  def sample_batch_eval(self):
+    """Like the report batch, from eval episodes; {} while there are none
+    (the learner's eval stream must never block)."""
+    self.activity += 1
+    if not len(self.eval):
+      return {}
+    return self.eval.sample(self.batch_size, 'eval', timeout=0)
+
+  def _sample(self, replay, mode, deadline):
+    while True:
+      if self._closing.is_set():
+        raise Closing('Replay is closing.')
+      wait = self.poll * 4
+      if deadline is not None:
+        wait = min(wait, max(0.0, deadline - time.monotonic()))
+      try:
+        return replay.sample(self.batch_size, mode, timeout=wait)
+      except TimeoutError:
+        if deadline is not None and time.monotonic() >= deadline:
+          raise TimeoutError(
+              f'Replay ({mode}) still holds no sequence of '
+              f'{replay.length} steps.') from None
+
+  # ---------------------------------------------------------------- waits
+
+  def _wait(self, kind, want, timeout=None):
+    """Blocks until ``want()`` allows; False if the service is closing.
+
+    Records how long each call waited, for the limiter stats.
+    """
+    allowed, reason = want()
+    if allowed:
+      self._record(kind, 0.0)
+      return True
+    start = time.monotonic()
+    while not allowed:
+      waited = time.monotonic() - start
+      if self._closing.is_set():
+        self._record(kind, waited)
+        return False
+      if timeout is not None and waited >= timeout:
+        self._record(kind, waited)
+        raise TimeoutError(f'Replay {kind} waited {waited:.2f}s: {reason}')
+      with self._cond:
+        self._cond.wait(self.poll)
+      allowed, reason = want()
+    self._record(kind, time.monotonic() - start)
+    return True
+
+  def _record(self, kind, waited):
+    with self._waits_lock:
+      entry = self._waits[kind]
+      if waited > 0:
+        entry[0] += waited
+        entry[1] += 1
+      entry[2] += 1
+
+  def _notify(self):
+    with self._cond:
+      self._cond.notify_all()
+
+  # ----------------------------------------------------------- validation
+
+  def _check_batch(self, trans):
+    """Returns (envid, is_eval, stored columns) or raises ValueError."""
+    if not isinstance(trans, collections.abc.Mapping):
+      raise TypeError(
+          f'add_batch expects a dict of arrays, got {type(trans).__name__}.')
+    for key in ('envid', 'is_eval'):
+      if key not in trans:
+        raise ValueError(
+            f'add_batch: missing key {key!r}; received keys {sorted(trans)}.')
+    arrays = {key: np.asarray(value) for key, value in trans.items()}
+    envid = arrays['envid']
+    if envid.ndim != 1 or not np.issubdtype(envid.dtype, np.integer):
+      raise ValueError(
+          f"add_batch: 'envid' must be an int array [N], received "
+          f'{envid.dtype} {envid.shape}.')
+    count = len(envid)
+    for key, value in arrays.items():
+      if value.ndim == 0 or value.shape[0] != count:
+        received = value.shape[0] if value.ndim else 'a scalar'
+        raise ValueError(
+            f'add_batch: key {key!r}: expected leading dim N={count} (from '
+            f"'envid'), received {received} (shape {value.shape}).")
+      if value.dtype == object:
+        raise ValueError(f'add_batch: key {key!r} has dtype object.')
+    is_eval = arrays['is_eval'].astype(bool)
+    data = {
+        key: value for key, value in arrays.items()
+        if key not in ROUTING_KEYS and key not in RESERVED_KEYS
+        and not key.startswith('log/')}
+    if not data:
+      raise ValueError('add_batch: the batch holds no columns to store.')
+    # Both replays must keep the same structure; check against whichever
+    # already has one, so a bad batch is refused before any row is stored.
+    for replay in (self.train, self.eval):
+      if replay.spec is not None:
+        _check_structure(data, replay.spec)
+    return envid, is_eval, data
+
+  # ---------------------------------------------------------------- stats
+
+  def stats(self):
+    """Flat scalars; counts and wait times cover the time since the last call."""
+    train, evals = self.train.stats(), self.eval.stats()
+    counts, last = _counts(train), self._last_counts
+    delta = {key: counts[key] - last[key] for key in counts}
+    self._last_counts = counts
+    eval_counts = _counts(evals)
+    eval_adds = eval_counts['adds'] - self._last_eval_counts['adds']
+    self._last_eval_counts = eval_counts
+    stats = {
+        'replay/items': train['items'],
+        'replay/chunks': train['chunks'],
+        'replay/streams': train['streams'],
+        'replay/ram_gb': train['ram_gb'],
+        'replay/inserts': delta['adds'],
+        'replay/samples': delta['samples'],
+        'replay/updates': delta['updates'],
+        'replay_eval/items': evals['items'],
+        'replay_eval/inserts': eval_adds,
+        'replay_eval/ram_gb': evals['ram_gb'],
+        'limiter/size': self.limiter.size,
+        'limiter/avail': self.limiter.avail,
+    }
+    if delta['adds']:
+      stats['replay/replay_ratio'] = (
+          self.train_length * delta['samples'] / delta['adds'])
+    with self._waits_lock:
+      for kind, (duration, count, calls) in self._waits.items():
+        stats[f'limiter/{kind}_wait_dur'] = duration
+        stats[f'limiter/{kind}_wait_count'] = count
+        stats[f'limiter/{kind}_wait_frac'] = count / calls if calls else 0.0
+        self._waits[kind] = [0.0, 0, 0]
+    return stats
+
+  # ---------------------------------------------------------- save / load
+
+  def save(self, wait=False):
+    """Replays write changed chunks (in the background unless ``wait``);
+    the limiter state goes to ``ckpt/replay.json`` atomically."""
+    self.train.save(wait=wait)
+    self.eval.save(wait=wait)
+    state = {'limiter': self.limiter.save(), 'time': time.time()}
+    _write_json(self.ckpt, state)
+
+  def load(self):
+    """Restores the newest saved sequences and the limiter state."""
+    items = self.train.load()
+    eval_items = self.eval.load()
+    limiter = False
+    if self.ckpt.exists():
+      self.limiter.load(json.loads(self.ckpt.read_text())['limiter'])
+      limiter = True
+    self._last_counts = _counts(self.train.stats())
+    self._last_eval_counts = _counts(self.eval.stats())
+    return {'items': items, 'eval_items': eval_items, 'limiter': limiter}
+
+  def interrupt(self):
+    """Makes blocked and later waits give up (the service is stopping)."""
+    self._closing.set()
+    self._notify()
+
+  def close(self):
+    """Stops waits, finishes pending file writes."""
+    self.interrupt()
+    self.train.close()
+    self.eval.close()
+
+
+def make_selector(config, seed=0):
+  """The train selector from ``replay.fracs``; a Mixture only when needed."""
+  fracs = {name: float(value) for name, value in dict(
+      config.replay.fracs).items() if float(value) > 0}
+  prio = config.replay.prio
+
+  def build(name, seed):
+    if name == 'uniform':
+      return Uniform(seed)
+    if name == 'priority':
+      return Prioritized(
+          prio.exponent, prio.initial, prio.zero_on_sample, prio.maxfrac,
+          seed)
+    if name == 'recency':
+      return Recency(config.replay.recexp, seed)
+    raise ValueError(f'Unknown replay selector {name!r} in replay.fracs.')
+
+  if not fracs:
+    raise ValueError('replay.fracs: at least one fraction must be positive.')
+  if len(fracs) == 1:
+    return build(next(iter(fracs)), seed)
+  selectors = {
+      name: build(name, seed + 1 + index)
+      for index, name in enumerate(sorted(fracs))}
+  return Mixture(selectors, fracs, seed)
+
+
+def make_limiter(config):
+  """train_ratio counts replayed steps per env step; the limiter counts
+  sequences per inserted step, hence the division by batch_length."""
+  if config.run.train_ratio <= 0:
+    return Unlimited()
+  return SamplesPerInsert(
+      config.run.train_ratio / config.batch_length,
+      tolerance=4 * config.batch_size,
+      minsize=config.batch_size * config.batch_length)
+
+
+# ------------------------------------------------------------------ process
+
+def serve_replay(config, stop=None):
+  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), save, exit 0."""
+  import portal
+
+  stop = stop if stop is not None else StopSignal()
+  service = ReplayService(config)
+  loaded = service.load()
+  print(
+      f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '
+      f'eval sequences from {service.logdir}', flush=True)
+  addr = config.run.replay_addr
+  _, port = split_addr(addr)
+  server = portal.Server(port, 'Replay', errors=False, **server_kwargs(addr))
+  for name in METHODS:
+    server.bind(name, getattr(service, name), workers=1)
+  server.start(block=False)
+  logger = LoggerLink(config.run.logger_addr, 'ReplayLogger')
+  save_every, log_every = config.run.save_every, config.run.log_every
+  last_save = last_log = time.monotonic()
+  saved_activity = service.activity
+  try:
+    while not stop.wait(0.5):
+      now = time.monotonic()
+      if save_every > 0 and now - last_save >= save_every:
+        last_save = now
+        if service.activity != saved_activity:
+          saved_activity = service.activity
+          service.save()
+      if now - last_log >= log_every:
+        last_log = now
+        stats = service.stats()
+        stats.update(_prefix(server.stats(), 'server/replay'))
+        logger.send(stats)
+  finally:
+    print('[replay] stopping: saving', flush=True)
+    service.interrupt()
+    server.close(timeout=5)
+    service.save(wait=True)
+    service.close()
+    logger.close()
+  print('[replay] stopped', flush=True)
+  return 0
+
+
+class LoggerLink:
+  """Sends metrics to the logger server without ever blocking the caller.
+
+  A portal client blocks while its server is unreachable, so the calls run
+  on a daemon thread; while one is outstanding, newer metrics replace older
+  unsent ones (counted in ``dropped``). The client itself is made by the
+  caller's thread, which portal expects to own its sockets.
+  """
+
+  def __init__(self, addr, name):
+    import portal
+    self.name = name
+    self.dropped = 0
+    self._client = portal.Client(addr, name, maxinflight=1)
+    self._pending = None
+    self._closed = False
+    self._cond = threading.Condition()
+    self._thread = threading.Thread(
+        target=self._run, name=f'{name}Link', daemon=True)
+    self._thread.start()
+
+  def send(self, metrics):
+    with self._cond:
+      if self._pending is not None:
+        self.dropped += 1
+      self._pending = metrics
+      self._cond.notify()
+
+  def _run(self):
+    while True:
+      with self._cond:
+        self._cond.wait_for(lambda: self._pending is not None or self._closed)
+        if self._closed:
+          return
+        metrics, self._pending = self._pending, None
+      try:
+        self._client.add(metrics).result(timeout=60)
+      except Exception as error:
+        print(f'[{self.name}] logger call failed: {error!r}', flush=True)
+
+  def close(self):
+    with self._cond:
+      self._closed = True
+      self._cond.notify()
+    self._thread.join(timeout=1)
+    self._client.close(timeout=1)
+
+
+# ------------------------------------------------------------------ helpers
+
+def _check_structure(data, spec):
+  expected = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
+  problems = []
+  missing = sorted(set(expected) - set(data))
+  unexpected = sorted(set(data) - set(expected))
+  if missing:
+    problems.append(f'missing keys {missing}')
+  if unexpected:
+    problems.append(f'unexpected keys {unexpected}')
+  for key in sorted(set(expected) & set(data)):
+    shape, dtype = expected[key]
+    value = data[key]
+    if value.shape[1:] != tuple(shape) or value.dtype != dtype:
+      problems.append(
+          f'key {key!r}: expected rows of shape {tuple(shape)} {dtype}, '
+          f'received rows of shape {value.shape[1:]} {value.dtype}')
+  if problems:
+    raise ValueError(
+        'add_batch: batch does not match the stored structure: '
+        + '; '.join(problems))
+
+
+def _counts(stats):
+  return {key: stats[key] for key in ('adds', 'samples', 'updates')}
+
+
+def _prefix(mapping, prefix):
+  return {f'{prefix}/{key}': value for key, value in mapping.items()}
+
+
+def _write_json(path, data):
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + '.tmp')
+  tmp.write_text(json.dumps(data))
+  os.replace(tmp, path)

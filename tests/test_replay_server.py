@@ -1,0 +1,367 @@
+"""Tests for the replay server, checked by value.
+
+Transitions carry a per-env counter ``count = 1000 * envid + t`` so a sampled
+sequence can be checked to be consecutive and from a single env.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import portal
+import pytest
+
+from dreamer_ver.config import compose
+from dreamer_ver.replay import Unlimited
+from dreamer_ver.runtime import logger_server, replay_server
+from dreamer_ver.runtime.process import StopSignal, free_port
+from dreamer_ver.runtime.replay_server import Closing, ReplayService
+
+B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
+
+
+def make_config(tmp_path, **overrides):
+  values = {
+      'logdir': str(tmp_path), 'batch_size': B, 'batch_length': T,
+      'replay_context': C, 'report_length': R, 'replay.size': 1000,
+      'replay.chunksize': 8, 'run.train_ratio': 0.0}
+  values.update(overrides)
+  return compose(['debug'], values)
+
+
+def trans(envids, ts, is_eval=False, action_dim=2):
+  """A transition batch: row i is step ts[i] of env envids[i]."""
+  envids = np.asarray(envids, np.int64)
+  ts = np.asarray(ts, np.int64)
+  n = len(envids)
+  return {
+      'envid': envids,
+      'is_eval': np.full(n, is_eval),
+      'version': np.zeros(n, np.int64),
+      'count': 1000 * envids + ts,
+      'reward': ts.astype(np.float32),
+      'is_first': ts == 0,
+      'is_last': np.zeros(n, bool),
+      'is_terminal': np.zeros(n, bool),
+      'action': np.zeros((n, action_dim), np.float32),
+      'dyn/deter': np.zeros((n, 3), np.float32),
+      'dyn/stoch': np.zeros((n, 2, 2), np.float32),
+  }
+
+
+def fill(service, steps, envids=(0, 1, 2), start=0, is_eval=False):
+  for t in range(start, start + steps):
+    service.add_batch(trans(envids, [t] * len(envids), is_eval))
+
+
+def check_sequences(batch, length, envids=None):
+  count = batch['count']
+  assert count.shape == (B, length)
+  envs = count // 1000
+  assert (envs == envs[:, :1]).all(), count  # One env per sequence.
+  assert (np.diff(count, axis=1) == 1).all(), count  # Consecutive steps.
+  if envids is not None:
+    assert set(envs[:, 0].tolist()) <= set(envids)
+
+
+@pytest.fixture
+def service(tmp_path):
+  service = ReplayService(make_config(tmp_path))
+  yield service
+  service.close()
+
+
+def test_train_sequences_are_consecutive_and_single_env(service):
+  # Batches mix envs in varying order and sizes, as the actor's cuts do.
+  steps = {0: 0, 1: 0, 2: 0}
+  rng = np.random.default_rng(0)
+  for _ in range(40):
+    envids = rng.permutation(3)[:rng.integers(1, 4)]
+    service.add_batch(trans(envids, [steps[e] for e in envids]))
+    for e in envids:
+      steps[e] += 1
+  assert isinstance(service.limiter, Unlimited)
+  for _ in range(20):
+    batch = service.sample_batch_train(timeout=5)
+    check_sequences(batch, T + C)
+    assert batch['stepid'].shape == (B, T + C, 20)
+    assert batch['consec'].shape == (B, T + C)
+    assert 'envid' not in batch and 'is_eval' not in batch
+    assert 'version' not in batch
+    assert batch['is_first'][:, 0].all()
+  report = service.sample_batch_report(timeout=5)
+  check_sequences(report, R + C)
+  assert all(value.flags['C_CONTIGUOUS'] for value in report.values())
+
+
+def test_eval_rows_go_to_the_eval_replay_only(service):
+  assert service.sample_batch_eval() == {}  # Never blocks while empty.
+  fill(service, 10, envids=(0,))
+  items = len(service.train)
+  fill(service, 10, envids=(7, 8), is_eval=True)
+  assert len(service.train) == items  # Train data untouched by eval rows.
+  assert len(service.eval) == 2 * (10 - (R + C) + 1)
+  batch = service.sample_batch_eval()
+  check_sequences(batch, R + C, envids=(7, 8))
+  for _ in range(10):
+    check_sequences(service.sample_batch_train(timeout=5), T + C, envids=(0,))
+  stats = service.stats()
+  assert stats['replay_eval/items'] == len(service.eval)
+  assert stats['replay/items'] == items
+  assert stats['replay/inserts'] == 10
+  assert stats['replay_eval/inserts'] == 20
+
+
+def test_limiter_blocks_sampling_before_minsize(tmp_path):
+  # s = 4 / T = 1 sequence per insert, tolerance 4 * B = 8, minsize B * T = 8.
+  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  try:
+    fill(service, 7, envids=(0,))
+    with pytest.raises(TimeoutError, match='too few steps'):
+      service.sample_batch_train(timeout=0.2)
+    stats = service.stats()
+    assert stats['limiter/sample_wait_count'] == 1
+    assert stats['limiter/sample_wait_dur'] >= 0.2
+    fill(service, 3, envids=(0,), start=7)  # size 10: credit -8 + 3 = -5.
+    check_sequences(service.sample_batch_train(timeout=5), T + C)
+    assert service.limiter.avail == -5 - B
+  finally:
+    service.close()
+
+
+def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
+  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  # Inserts earn credit from the 8th on; they stop at credit 8 = size 23.
+  rows = trans([0] * 40, range(40))
+  done = threading.Event()
+
+  def add():
+    service.add_batch(rows)
+    done.set()
+
+  thread = threading.Thread(target=add, daemon=True)
+  thread.start()
+  try:
+    assert wait_until(lambda: service.limiter.size == 23, 5)
+    time.sleep(0.3)
+    assert service.limiter.size == 23 and not done.is_set()
+    service.sample_batch_train(timeout=5)  # Takes 2 credit: 2 more inserts.
+    assert wait_until(lambda: service.limiter.size == 25, 5)
+    time.sleep(0.2)
+    assert service.limiter.size == 25 and not done.is_set()
+    stats = service.stats()
+    assert stats['limiter/insert_wait_count'] >= 1
+    assert 0 < stats['limiter/insert_wait_frac'] < 1
+  finally:
+    service.close()  # Releases the blocked add_batch.
+  thread.join(timeout=5)
+  assert done.is_set()
+  with pytest.raises(Closing):
+    service.sample_batch_train(timeout=1)
+
+
+def test_nothing_blocks_without_a_train_ratio(service):
+  fill(service, 60)
+  assert service.limiter.size == 180
+  start = time.monotonic()
+  for _ in range(50):
+    service.sample_batch_train(timeout=1)
+  assert time.monotonic() - start < 2
+  stats = service.stats()
+  assert stats['limiter/insert_wait_count'] == 0
+  assert stats['limiter/sample_wait_count'] == 0
+  assert stats['replay/samples'] == 50 * B
+
+
+def test_update_writes_latents_seen_by_later_samples(service):
+  fill(service, 8, envids=(0,))  # Items start at t = 0 .. 3: heavy overlap.
+  first = service.sample_batch_train(timeout=5)
+  latent = first['count'][..., None].astype(np.float32) + 0.5
+  service.update({
+      'stepid': first['stepid'][:, C:],
+      'dyn/deter': np.repeat(latent[:, C:], 3, axis=-1)})
+  updated = set(first['count'][:, C:].ravel().tolist())
+  seen = 0
+  for _ in range(10):
+    batch = service.sample_batch_train(timeout=5)
+    for count, deter in zip(batch['count'].ravel(),
+                            batch['dyn/deter'].reshape(-1, 3)):
+      expected = count + 0.5 if count in updated else 0.0
+      np.testing.assert_array_equal(deter, np.full(3, expected, np.float32))
+      seen += count in updated
+  assert seen > 0
+  assert service.stats()['replay/updates'] == B * T
+
+
+@pytest.mark.parametrize('break_batch, message', [
+    (lambda b: b.pop('reward'), r"missing keys \['reward'\]"),
+    (lambda b: b.pop('envid'), "missing key 'envid'"),
+    (lambda b: b.update(action=np.zeros((3, 5), np.float32)),
+     r"'action': expected rows of shape \(2,\) float32, received rows of "
+     r"shape \(5,\) float32"),
+    (lambda b: b.update(reward=np.zeros(2, np.float32)),
+     r"'reward': expected leading dim N=3 .* received 2"),
+    (lambda b: b.update(count=b['count'].astype(np.float64)),
+     r"'count': expected rows of shape \(\) int64, received rows of shape "
+     r"\(\) float64"),
+    (lambda b: b.update(extra=np.zeros(3)), r"unexpected keys \['extra'\]"),
+])
+def test_malformed_batch_raises_and_changes_nothing(
+    service, break_batch, message):
+  fill(service, 6)
+  before = (service.train.stats()['adds'], service.eval.stats()['adds'],
+            service.limiter.size, len(service.train))
+  bad = trans([0, 1, 5], [6, 6, 0])
+  bad['is_eval'][2] = True  # Rows for both replays.
+  break_batch(bad)
+  with pytest.raises(ValueError, match=message):
+    service.add_batch(bad)
+  after = (service.train.stats()['adds'], service.eval.stats()['adds'],
+           service.limiter.size, len(service.train))
+  assert after == before
+  fill(service, 1, start=6)  # Still serving good batches.
+  check_sequences(service.sample_batch_train(timeout=5), T + C)
+
+
+def test_save_and_load_restore_items_and_limiter(tmp_path):
+  config = make_config(tmp_path, **{'run.train_ratio': 4.0})
+  service = ReplayService(config)
+  fill(service, 7)  # 21 inserts: credit -8 + 14 = 6.
+  fill(service, 6, envids=(9,), is_eval=True)
+  service.sample_batch_train(timeout=5)
+  state = (service.limiter.size, service.limiter.avail)
+  items, eval_items = len(service.train), len(service.eval)
+  service.save(wait=True)
+  service.close()
+  assert json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())[
+      'limiter'] == {'size': state[0], 'avail': state[1]}
+
+  restored = ReplayService(config)
+  try:
+    loaded = restored.load()
+    assert loaded == {'items': items, 'eval_items': eval_items,
+                      'limiter': True}
+    assert (restored.limiter.size, restored.limiter.avail) == state
+    assert len(restored.train) == items and len(restored.eval) == eval_items
+    check_sequences(restored.sample_batch_train(timeout=5), T + C)
+    check_sequences(restored.sample_batch_eval(), R + C, envids=(9,))
+    fill(restored, 2, start=7)  # Accepts data within the restored credit.
+    assert restored.limiter.size == state[0] + 6
+  finally:
+    restored.close()
+
+
+# The logger server runs in a plain thread here; portal warns about that.
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_server_round_trip_and_sigterm(tmp_path):
+  """serve_replay in its own process, reporting to a logger thread."""
+  replay_port, logger_port = free_port(), free_port()
+  overrides = {
+      'run.replay_addr': f'127.0.0.1:{replay_port}',
+      'run.logger_addr': f'127.0.0.1:{logger_port}',
+      'run.log_every': 0.5, 'run.save_every': 0.5}
+  config = make_config(tmp_path, **overrides)
+  stop_logger = StopSignal(install=False)
+  logger = threading.Thread(
+      target=logger_server.serve_logger, args=(config, stop_logger),
+      daemon=True)
+  logger.start()
+  code = (
+      'import sys, json\n'
+      'from dreamer_ver.config import compose\n'
+      'from dreamer_ver.runtime.replay_server import serve_replay\n'
+      'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
+  values = {
+      'logdir': str(tmp_path), 'batch_size': B, 'batch_length': T,
+      'replay_context': C, 'report_length': R, 'replay.size': 1000,
+      'replay.chunksize': 8, 'run.train_ratio': 0.0, **overrides}
+  log = (tmp_path / 'replay.log').open('w')
+  proc = subprocess.Popen(
+      [sys.executable, '-c', code, json.dumps(values)], stdout=log,
+      stderr=subprocess.STDOUT, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  client = portal.Client(f'127.0.0.1:{replay_port}', 'TestReplay')
+  try:
+    assert client.connect(timeout=20), 'replay server did not come up'
+    for t in range(6):
+      assert client.add_batch(trans([0, 1, 2], [t] * 3)).result(10) == {}
+    client.add_batch(trans([4], [0], is_eval=True)).result(10)
+    batch = client.sample_batch_train().result(10)
+    check_sequences(batch, T + C)
+    assert batch['stepid'].shape == (B, T + C, 20)
+    report = client.sample_batch_report().result(10)
+    check_sequences(report, R + C)
+    assert client.sample_batch_eval().result(10) == {}
+    assert client.update({'stepid': batch['stepid'],
+                          'dyn/deter': np.ones((B, T + C, 3), np.float32)
+                          }).result(10) == {}
+    # A bad batch is an error for its caller only; the server keeps serving.
+    bad = trans([0], [6], action_dim=3)
+    with pytest.raises(RuntimeError, match="'action'"):
+      client.add_batch(bad).result(10)
+    check_sequences(client.sample_batch_train().result(10), T + C)
+    # The replay's stats reach the logger.
+    metrics = tmp_path / 'metrics.jsonl'
+    assert wait_until(lambda: metrics.exists() and any(
+        'replay/items' in json.loads(line)
+        for line in metrics.read_text().splitlines()), 10)
+  finally:
+    client.close(timeout=2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+      returncode = proc.wait(timeout=15)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=5)
+      log.close()
+      stop_logger.set()
+      logger.join(timeout=10)
+  output = (tmp_path / 'replay.log').read_text()
+  assert returncode == 0, output
+  assert not logger.is_alive()
+  state = json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())
+  assert state['limiter']['size'] == 18
+  assert list((tmp_path / 'replay').glob('*.npz'))
+  assert list((tmp_path / 'replay_eval').glob('*.npz'))
+
+
+def wait_until(predicate, timeout):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.02)
+  return predicate()
+
+
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_server_survives_a_missing_logger(tmp_path):
+  """Stats go nowhere; the replay keeps serving and still stops promptly."""
+  replay_port = free_port()
+  config = make_config(tmp_path, **{
+      'run.replay_addr': f'127.0.0.1:{replay_port}',
+      'run.logger_addr': f'127.0.0.1:{free_port()}',  # Nobody listens.
+      'run.log_every': 0.2})
+  stop = StopSignal(install=False)
+  result = []
+  thread = threading.Thread(
+      target=lambda: result.append(replay_server.serve_replay(config, stop)),
+      daemon=True)
+  thread.start()
+  client = portal.Client(f'127.0.0.1:{replay_port}', 'TestReplay')
+  try:
+    assert client.connect(timeout=15)
+    for t in range(6):
+      client.add_batch(trans([0], [t])).result(10)
+    time.sleep(0.6)  # Several stats rounds while the logger is down.
+    check_sequences(client.sample_batch_train().result(10), T + C)
+  finally:
+    client.close(timeout=2)
+    stop.set()
+    thread.join(timeout=10)
+  assert result == [0]
