@@ -24,6 +24,12 @@ import sys
 #   'parallel': 'dreamer_ver.runtime.parallel:combined',
 SCRIPTS = {
     'train': 'dreamer_ver.runtime.train:train',
+    'parallel': 'dreamer_ver.runtime.parallel:parallel',
+    'parallel_env': 'dreamer_ver.runtime.parallel:parallel_env',
+    'parallel_envs': 'dreamer_ver.runtime.parallel:parallel_envs',
+    'parallel_replay': 'dreamer_ver.runtime.parallel:parallel_replay',
+    'parallel_logger': 'dreamer_ver.runtime.parallel:parallel_logger',
+    'parallel_agent': 'dreamer_ver.runtime.parallel:parallel_agent',
 }
 
 # Scripts that run only env processes: they neither create the logdir nor

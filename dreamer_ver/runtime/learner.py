@@ -1,0 +1,130 @@
+"""The learner: trains on batches streamed from the replay server.
+
+Each step takes the next prefetched batch, trains, writes the fresh latents
+back to replay (fire and forget), and publishes the new policy params with
+a version. Reports, metrics and checkpoints happen on wall-clock intervals.
+"""
+
+import collections
+import json
+from pathlib import Path
+
+import elements
+import jax
+import numpy as np
+
+from dreamer_ver.agent import checkpoint
+from dreamer_ver.agent.agent import POLICY_MODULES
+
+
+class Prefetch:
+  """Keeps `depth` calls of one replay method in flight."""
+
+  def __init__(self, client, method, depth=2):
+    self.call = getattr(client, method)
+    self.futures = collections.deque(self.call() for _ in range(depth))
+
+  def next(self, stop, poll=0.5):
+    """The next result; None if `stop` is set while waiting."""
+    future = self.futures[0]
+    while not future.wait(poll):
+      if stop():
+        return None
+    self.futures.popleft()
+    self.futures.append(self.call())
+    return future.result()
+
+
+class Checkpoint:
+  """The agent's state and counters in `logdir/ckpt/`: `agent.npz` holds
+  params, optimizer, slow critic, normaliser, step and RNG; `counters.json`
+  the env steps served and the params version."""
+
+  def __init__(self, logdir):
+    self.directory = Path(logdir) / 'ckpt'
+
+  @property
+  def exists(self):
+    return (self.directory / 'agent.npz').exists()
+
+  def load(self, template):
+    state = checkpoint.load(self.directory / 'agent.npz', template)
+    counters = json.loads((self.directory / 'counters.json').read_text())
+    return state, counters
+
+  def save(self, state, counters):
+    checkpoint.save(state, self.directory / 'agent.npz')
+    tmp = self.directory / 'counters.json.tmp'
+    tmp.write_text(json.dumps(counters))
+    tmp.replace(self.directory / 'counters.json')
+
+
+class Learner:
+
+  def __init__(self, agent, state, params_store, config, replay, logger,
+               ckpt, counters):
+    self.agent = agent
+    self.state = state
+    self.params = params_store
+    self.config = config
+    self.replay = replay  # portal.Client of the replay server
+    self.logger = logger  # portal.Client of the logger server, or None
+    self.ckpt = ckpt
+    self.counters = counters  # shared with the agent loop: steps, version
+    self.carry = agent.init_carry(config.batch_size)
+    self.metrics = collections.defaultdict(list)
+
+  def run(self, stop):
+    """Trains until `stop()` is true."""
+    run = self.config.run
+    train = Prefetch(self.replay, 'sample_batch_train')
+    should_log = elements.when.Clock(run.log_every)
+    should_report = elements.when.Clock(run.report_every)
+    fps = elements.FPS()
+    while not stop():
+      batch = train.next(stop)
+      if batch is None:
+        break
+      self.train_step(batch)
+      fps.step(self.config.batch_size * self.config.batch_length)
+      if should_report():
+        self.report()
+      if should_log():
+        self.log({'fps/train': fps.result()})
+
+  def train_step(self, batch):
+    self.state, self.carry, outs, mets = self.agent.train(
+        self.state, self.carry, batch)
+    self.counters['version'] += 1
+    self.params.publish(
+        {k: self.state['params'][k] for k in POLICY_MODULES},
+        self.counters['version'])
+    self.replay.update(jax.device_get(outs['replay']))
+    for key, value in mets.items():
+      self.metrics[key].append(value)
+
+  def report(self):
+    batch = self.replay.sample_batch_report().result()
+    mets = self.agent.report(self.state, batch)
+    self._send({f'report/{k}': v for k, v in jax.device_get(mets).items()
+                if np.ndim(v) == 0})
+    batch = self.replay.sample_batch_eval().result()
+    if batch:
+      mets = self.agent.report(self.state, batch)
+      self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()
+                  if np.ndim(v) == 0})
+
+  def log(self, extra):
+    mets = jax.device_get(dict(self.metrics))
+    self.metrics.clear()
+    summary = {f'train/{k}': float(np.mean(v)) for k, v in mets.items()}
+    summary.update(extra)
+    summary['train/updates'] = self.counters['version']
+    self._send(summary)
+
+  def save(self):
+    self.ckpt.save(self.state, dict(self.counters))
+
+  def _send(self, metrics):
+    if self.logger is not None:
+      self.logger.add({k: np.float64(v) for k, v in metrics.items()})

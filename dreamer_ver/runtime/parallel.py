@@ -1,0 +1,255 @@
+"""The parallel scripts: every component, alone or all together.
+
+  parallel         everything on one machine: env processes, replay and
+                   logger processes, and the agent (actor + learner threads)
+  parallel_env     one env process (`--replica i` is its env id)
+  parallel_envs    a fleet of env processes (ids from `run.envid_offset`)
+  parallel_replay  the replay server
+  parallel_logger  the logger server
+  parallel_agent   the actor and learner
+
+Components find each other by `run.actor_addr`, `run.replay_addr` and
+`run.logger_addr`. The run stops by itself once `run.steps` train env steps
+are served, or on SIGINT/SIGTERM; every component saves before it exits.
+"""
+
+import multiprocessing
+import threading
+import time
+
+import elements
+import portal
+
+from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.envs import make_env
+from dreamer_ver.runtime import cutoff as cutofflib
+from dreamer_ver.runtime.actor import Actor
+from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.env_worker import run_env
+from dreamer_ver.runtime.learner import Checkpoint, Learner
+from dreamer_ver.runtime.params import ParamsStore
+from dreamer_ver.runtime.process import StopSignal, fill_auto_ports
+
+SHUTDOWN_SECONDS = 15
+
+
+# ------------------------------------------------------------------ scripts
+
+def parallel(config):
+  """All components on this machine; the agent runs in this process."""
+  config = _with_ports(config)
+  run = config.run
+  children = Children()
+  children.start('logger', 'dreamer_ver.runtime.logger_server:serve_logger',
+                 config)
+  if not run.remote_replay:
+    children.start('replay', 'dreamer_ver.runtime.replay_server:serve_replay',
+                   config)
+  if not run.remote_envs:
+    for envid in range(run.envs + run.eval_envs):
+      children.start(f'env{envid}', 'dreamer_ver.runtime.env_worker:run_env',
+                     config, envid, envid >= run.envs)
+  try:
+    if run.agent_process:
+      children.start('agent', 'dreamer_ver.runtime.parallel:parallel_agent',
+                     config)
+      code = children.wait_for('agent')
+    else:
+      code = parallel_agent(config, children=children)
+  finally:
+    children.stop_all()
+  return code
+
+
+def parallel_env(config):
+  return run_env(config, config.replica, config.replica >= config.run.envs)
+
+
+def parallel_envs(config):
+  run = config.run
+  children = Children()
+  for i in range(run.envs + run.eval_envs):
+    envid = run.envid_offset + i
+    children.start(f'env{envid}', 'dreamer_ver.runtime.env_worker:run_env',
+                   config, envid, i >= run.envs)
+  stop = StopSignal()
+  while not stop and children.alive():
+    stop.wait(0.5)
+  children.stop_all()
+  return 0
+
+
+def parallel_replay(config):
+  from dreamer_ver.runtime.replay_server import serve_replay
+  return serve_replay(config)
+
+
+def parallel_logger(config):
+  from dreamer_ver.runtime.logger_server import serve_logger
+  return serve_logger(config)
+
+
+def parallel_agent(config, children=None):
+  """The actor (batch server + policy) and the learner thread.
+
+  Returns once `run.steps` env steps are served or on SIGINT/SIGTERM, after
+  saving the agent checkpoint.
+  """
+  run = config.run
+  stop = StopSignal()
+  env = make_env(config.task, config.env)
+  agent = Agent(env.obs_space, env.act_space, config)
+  env.close()
+
+  ckpt = Checkpoint(config.logdir)
+  state = agent.init_state(agent.init_params(config.seed), config.seed)
+  counters = {'steps': 0, 'version': 0}
+  if ckpt.exists:
+    state, counters = ckpt.load(state)
+    print(f'Agent resumed at step {counters["steps"]} '
+          f'(params version {counters["version"]}).')
+  store = ParamsStore(policy_params(state['params']), counters['version'])
+
+  envs = run.envs + run.eval_envs
+  max_batch = run.actor_max_batch if run.actor_max_batch > 0 else envs
+  actor = Actor(
+      agent, store, slots=max(envs, max_batch), buckets=_buckets(run, max_batch),
+      seed=config.seed,
+      replay=portal.Client(run.replay_addr, 'ActorReplay', maxinflight=8),
+      logger=portal.Client(run.logger_addr, 'ActorLogger', maxinflight=8))
+  actor.served = counters['steps']
+  inference = actor.compile()
+  print('Policy compiled; inference ms per bucket:',
+        {k: round(v * 1000, 2) for k, v in inference.items()})
+
+  logger = portal.Client(run.logger_addr, 'LearnerLogger', maxinflight=2)
+  learner = Learner(
+      agent, state, store, config,
+      replay=portal.Client(run.replay_addr, 'LearnerReplay', maxinflight=8),
+      logger=logger, ckpt=ckpt, counters=counters)
+  done = lambda: bool(stop) or actor.served >= run.steps
+  server = BatchServer(
+      run.actor_addr, actor.handle, _make_cutoff(run, envs, max_batch),
+      postfn=actor.post, workers=run.actor_threads, name='Actor')
+  server.start()
+
+  def learn():
+    should_save = elements.when.Clock(run.save_every)
+    def stop_or_save():
+      if should_save():
+        counters['steps'] = actor.served
+        learner.save()
+      return done()
+    learner.run(stop_or_save)
+
+  learner_thread = threading.Thread(target=learn, name='Learner', daemon=True)
+  learner_thread.start()
+  should_log = elements.when.Clock(run.log_every)
+  fps = elements.FPS()
+  last = actor.served
+  while not done():
+    if children is not None:
+      children.check()
+    stop.wait(0.2)
+    fps.step(actor.served - last)
+    last = actor.served
+    if should_log():
+      stats = {f'actor/{k}': v for k, v in server.stats().items()
+               if isinstance(v, (int, float))}
+      stats['fps/policy'] = fps.result()
+      stats['actor/served'] = actor.served
+      stats['actor/policy_lag'] = store.version - counters['version']
+      logger.add(stats)
+
+  server.close()
+  learner_thread.join()
+  counters['steps'] = actor.served
+  learner.save()
+  print(f'Agent saved at step {actor.served}.')
+  return 0
+
+
+# ------------------------------------------------------------------ helpers
+
+def _with_ports(config):
+  run = config.run
+  return config.update({
+      'run.actor_addr': fill_auto_ports(run.actor_addr),
+      'run.replay_addr': fill_auto_ports(run.replay_addr),
+      'run.logger_addr': fill_auto_ports(run.logger_addr)})
+
+
+def _buckets(run, max_batch):
+  if list(run.actor_buckets) != [0]:
+    return sorted(set(list(run.actor_buckets) + [max_batch]))
+  sizes, size = [], 1
+  while size < max_batch:
+    sizes.append(size)
+    size *= 2
+  return sizes + [max_batch]
+
+
+def _make_cutoff(run, envs, max_batch):
+  if run.actor_batcher == 'fixed':
+    batch = run.actor_batch if run.actor_batch > 0 else max(1, run.envs // 2)
+    return cutofflib.Fixed(batch)
+  min_batch = run.actor_min_batch
+  if min_batch <= 0:
+    min_batch = max(1, int(envs / 1.5))
+  return cutofflib.MinMaxTimeout(
+      min(min_batch, max_batch), max_batch, run.actor_latency_cap)
+
+
+def _call(target, config, *args):
+  """Child process entry: import `module:function` and exit with its code."""
+  import importlib
+  module, name = target.split(':')
+  fn = getattr(importlib.import_module(module), name)
+  raise SystemExit(fn(config, *args) or 0)
+
+
+class Children:
+  """Child processes started with 'spawn'; stopped with SIGTERM, then
+  killed if they are still alive after SHUTDOWN_SECONDS."""
+
+  def __init__(self):
+    self.context = multiprocessing.get_context('spawn')
+    self.procs = {}
+
+  def start(self, name, target, config, *args):
+    proc = self.context.Process(
+        target=_call, args=(target, config, *args), name=name, daemon=False)
+    proc.start()
+    self.procs[name] = proc
+    return proc
+
+  def alive(self):
+    return any(p.is_alive() for p in self.procs.values())
+
+  def check(self):
+    """Raises if a server process died: the run cannot go on without it."""
+    for name in ('replay', 'logger'):
+      proc = self.procs.get(name)
+      if proc is not None and proc.exitcode not in (None, 0):
+        raise RuntimeError(f'{name} process exited with code {proc.exitcode}')
+
+  def wait_for(self, name):
+    proc = self.procs[name]
+    proc.join()
+    return proc.exitcode
+
+  def stop_all(self):
+    # Envs first, so nothing new reaches replay and logger while they save.
+    order = sorted(self.procs, key=lambda n: (n in ('replay', 'logger'), n))
+    for group in ([n for n in order if n not in ('replay', 'logger')],
+                  [n for n in order if n in ('replay', 'logger')]):
+      for name in group:
+        if self.procs[name].is_alive():
+          self.procs[name].terminate()
+      deadline = time.monotonic() + SHUTDOWN_SECONDS
+      for name in group:
+        self.procs[name].join(max(0.0, deadline - time.monotonic()))
+        if self.procs[name].is_alive():
+          print(f'{name} did not stop within {SHUTDOWN_SECONDS} s; killing it.')
+          self.procs[name].kill()
+          self.procs[name].join()

@@ -1,0 +1,151 @@
+"""The actor behind the batch server: per-env carries routed by value."""
+
+import collections
+import multiprocessing
+import time
+
+import elements
+import jax.numpy as jnp
+import numpy as np
+import portal
+import pytest
+
+from dreamer_ver import config as configlib
+from dreamer_ver.envs import make_env
+from dreamer_ver.runtime import cutoff
+from dreamer_ver.runtime.actor import Actor
+from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.env_worker import run_env
+from dreamer_ver.runtime.params import ParamsStore
+from dreamer_ver.runtime.process import free_port
+
+
+class CounterAgent:
+  """A stand-in policy whose carry is a per-env step counter.
+
+  It resets on is_first and returns the counter as an output, so every
+  transition shows whether the carry it got was that env's own.
+  """
+
+  def __init__(self, obs_space):
+    self.obs_space = obs_space
+    self.act_space = {'action': elements.Space(np.int32, (), 0, 2)}
+
+  def init_carry(self, batch):
+    return {'count': jnp.zeros((batch,), jnp.int32)}
+
+  def _policy(self, params, carry, obs, key, mode):
+    count = jnp.where(obs['is_first'], 0, carry['count'] + 1)
+    acts = {'action': (count % 2).astype(jnp.int32)}
+    return {'count': count}, acts, {'carry_count': count.astype(jnp.float32)}
+
+
+class Recorder:
+  """Stands in for the replay client: keeps every transition batch."""
+
+  def __init__(self):
+    self.batches = []
+
+  def add_batch(self, trans):
+    self.batches.append(trans)
+
+
+def _fleet_config(port, envs):
+  return configlib.compose(['debug'], {
+      'task': 'synthetic_counter', 'run.actor_addr': f'127.0.0.1:{port}',
+      'run.envs': envs, 'env.synthetic.step_time': 0.004,
+      'env.synthetic.jitter': 0.5, 'env.synthetic.slow_frac': 0.4,
+      'env.synthetic.length': 25})
+
+
+def test_carries_follow_their_env_across_varying_batches():
+  envs, port = 6, free_port()
+  config = _fleet_config(port, envs)
+  env = make_env(config.task, config.env)
+  agent = CounterAgent(env.obs_space)
+  params = {'enc': {}, 'dyn': {}, 'pol': {}}
+  recorder = Recorder()
+  actor = Actor(agent, ParamsStore(params), slots=envs, buckets=[1, 2, 4, 8],
+                replay=recorder)
+  actor.compile()
+  server = BatchServer(
+      f'127.0.0.1:{port}', actor.handle, cutoff.MinMaxTimeout(3, envs, 0.004),
+      postfn=actor.post, name='TestActor')
+  server.start()
+  ctx = multiprocessing.get_context('spawn')
+  procs = [ctx.Process(target=run_env, args=(config, i)) for i in range(envs)]
+  try:
+    for proc in procs:
+      proc.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+      rows = sum(len(b['envid']) for b in recorder.batches)
+      if rows >= 600:
+        break
+      time.sleep(0.2)
+  finally:
+    for proc in procs:
+      proc.terminate()
+    for proc in procs:
+      proc.join(15)
+    server.close()
+  assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+  per_env = collections.defaultdict(list)
+  sizes = collections.Counter()
+  for trans in list(recorder.batches):
+    sizes[len(trans['envid'])] += 1
+    for row in range(len(trans['envid'])):
+      per_env[int(trans['envid'][row])].append(
+          (trans['count'][row], trans['carry_count'][row],
+           bool(trans['is_first'][row])))
+  assert sorted(per_env) == list(range(envs))
+  assert len(sizes) >= 2, sizes  # Batches of varying size were cut.
+  for envid, rows in per_env.items():
+    assert len(rows) >= 10, (envid, len(rows))
+    counts = [r[0] for r in rows]
+    # The carry each row got was its own env's: counter == env step index.
+    np.testing.assert_array_equal(counts, [r[1] for r in rows])
+    # And the env's sequence is unbroken: +1 per step, 0 on is_first.
+    for prev, (count, _, first) in zip(counts, rows[1:]):
+      assert count == (0 if first else prev + 1), (envid, prev, count)
+
+
+def test_bad_requests_get_clear_errors_and_others_keep_going():
+  port = free_port()
+  config = _fleet_config(port, 2)
+  env = make_env(config.task, config.env)
+  agent = CounterAgent(env.obs_space)
+  recorder = Recorder()
+  actor = Actor(agent, ParamsStore({'enc': {}, 'dyn': {}, 'pol': {}}),
+                slots=4, buckets=[1, 2, 4], replay=recorder)
+  actor.compile()
+  server = BatchServer(f'127.0.0.1:{port}', actor.handle,
+                       cutoff.MinMaxTimeout(1, 4, 0.002), postfn=actor.post)
+  server.start()
+  client = portal.Client(f'127.0.0.1:{port}', 'Bad', logging=False)
+  good = portal.Client(f'127.0.0.1:{port}', 'Good', logging=False)
+  try:
+    obs = env.step({'action': np.int32(0), 'reset': True})
+    request = {**{k: np.asarray(v) for k, v in obs.items()},
+               'envid': np.int64(1), 'is_eval': np.bool_(False)}
+    cases = {
+        'missing key': ({k: v for k, v in request.items() if k != 'vector'}, 'vector'),
+        'extra key': ({**request, 'bogus': np.zeros(3)}, 'bogus'),
+        'wrong shape': ({**request, 'vector': np.zeros(5, np.float32)}, 'vector'),
+        'wrong dtype': ({**request, 'vector': np.zeros(4, np.float64)}, 'float64'),
+        'nan': ({**request, 'vector': np.full(4, np.nan, np.float32)}, 'finite'),
+        'negative envid': ({**request, 'envid': np.int64(-3)}, 'envid'),
+        'huge envid': ({**request, 'envid': np.int64(2 ** 40)}, 'envid'),
+    }
+    for name, (bad, needle) in cases.items():
+      with pytest.raises(RuntimeError, match=needle):
+        client.act(bad).result(timeout=10)
+      reply = good.act({**request, 'envid': np.int64(0)}).result(timeout=10)
+      assert set(reply) == {'action', 'reset'}, name
+  finally:
+    client.close()
+    good.close()
+    server.close()
+  stored = [int(e) for b in recorder.batches for e in b['envid']]
+  assert stored == [0] * len(cases)  # Nothing from the bad caller was kept.
