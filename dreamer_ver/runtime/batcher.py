@@ -1,0 +1,440 @@
+"""A batch server whose cutoff is a policy, not a fixed size.
+
+portal.BatchServer dispatches only when exactly N requests are queued, so
+stragglers hold back everyone and fewer live clients than N hang it. This
+server speaks portal's request/response framing on portal's own ServerSocket,
+so an unmodified `portal.Client` talks to it (errors arrive as RuntimeError,
+a closed server as Disconnected), but it keeps its own queue and asks a
+cutoff policy (`cutoff.py`) when the queue becomes a batch.
+
+  receive thread:   socket -> decode -> Request -> pending queue
+  worker threads:   policy.decide(pending) -> handler(batch) -> replies
+                    -> policy.observe_*(...) -> postfn(batch, replies)
+
+Bad input gets an error reply to the one caller that sent it (status 1 too
+short, 2 undecodable, 3 unknown method, 4 bad argument or handler error); the
+server keeps serving everyone else.
+"""
+
+import collections
+import dataclasses
+import socket as socketlib
+import threading
+import time
+import traceback
+
+import numpy as np
+import portal
+from portal import packlib
+
+from dreamer_ver.runtime.process import server_kwargs, split_addr
+
+# Recent samples kept for the percentiles between two stats() calls.
+_SAMPLES = 65536
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Request:
+  """One queued call: who sent it, its number, its argument, when it came.
+
+  `data` is the caller's dict of numpy arrays; the arrays are read-only views
+  into the receive buffer (copy before writing). `envid` is the integer under
+  the server's `envid_key` when the request carries one, else `addr`.
+  """
+  addr: tuple
+  reqnum: bytes
+  data: dict
+  arrival: float
+  envid: object = None
+
+
+class BatchServer:
+  """Serves one method; `handler` gets batches chosen by `cutoff`.
+
+  handler(requests: list[Request]) -> list, one entry per request: a reply
+    (a dict of numpy arrays, sent to that caller) or an Exception instance
+    (sent to that caller only, as an error with its message). If the handler
+    raises, every request of that batch gets the error.
+  postfn(requests, replies): optional; runs on the same worker thread after
+    the replies went out (e.g. to ship transitions). With workers > 1, calls
+    from different workers may overlap and finish out of order.
+  cutoff: a cutoff.Cutoff; all its calls happen under the server's lock.
+  """
+
+  def __init__(
+      self, addr, handler, cutoff, postfn=None, workers=1, method='act',
+      envid_key='envid', name='BatchServer', nodelay=True, **socket_kwargs):
+    if workers < 1:
+      raise ValueError(f'workers must be >= 1, got {workers}')
+    self.handler = handler
+    self.cutoff = cutoff
+    self.postfn = postfn
+    self.method = method
+    self.envid_key = envid_key
+    self.name = name
+    self.error = None  # Set if the socket or a loop failed; serving stops.
+    _, port = split_addr(addr)
+    kwargs = {**server_kwargs(addr), **socket_kwargs}
+    self.socket = _Socket(port, name, nodelay=nodelay, **kwargs)
+    self._cond = threading.Condition()
+    self._pending = collections.deque()
+    self._disconnects = 0  # socket.disconnects when the queue was last pruned
+    self._stats = _Stats()
+    self._running = False
+    self._started = False
+    self._closed = False
+    self._threads = [threading.Thread(
+        target=self._guard, args=(self._receive,), name=f'{name}Recv',
+        daemon=True)]
+    for i in range(workers):
+      self._threads.append(threading.Thread(
+          target=self._guard, args=(self._work,), name=f'{name}Worker{i}',
+          daemon=True))
+
+  @property
+  def connections(self):
+    return self.socket.connections
+
+  def start(self):
+    assert not self._started, 'already started'
+    self._started = True
+    self._running = True
+    for thread in self._threads:
+      thread.start()
+    return self
+
+  def close(self, timeout=5.0):
+    """Stops reading, lets running batches reply, then closes the socket.
+
+    Queued requests that were not dispatched get no reply: their clients see
+    the connection close (portal.Disconnected, or a resend after reconnect).
+    """
+    if self._closed:
+      return
+    self._closed = True
+    deadline = time.monotonic() + timeout
+    self.socket.shutdown()
+    with self._cond:
+      self._running = False
+      self._cond.notify_all()
+    if self._started:
+      for thread in self._threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    self.socket.close(max(0.0, deadline - time.monotonic()))
+
+  def __enter__(self):
+    return self.start()
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def stats(self):
+    """Counters and percentiles since the last call (which they reset)."""
+    with self._cond:
+      stats, self._stats = self._stats, _Stats()
+      pending = len(self._pending)
+    return stats.result(pending)
+
+  # ---------------------------------------------------------- receive side
+
+  def _receive(self):
+    while self._running:
+      try:
+        messages = [self.socket.recv(timeout=0.05)]
+      except TimeoutError:
+        continue
+      while len(messages) < 256:  # Drain a burst under one lock.
+        try:
+          messages.append(self.socket.recv(timeout=0))
+        except TimeoutError:
+          break
+      requests = [self._decode(addr, msg) for addr, msg in messages]
+      requests = [r for r in requests if r is not None]
+      with self._cond:
+        live = [r for r in requests if r.addr in self.socket.conns]
+        self._stats.requests += len(requests)
+        self._stats.errors += len(messages) - len(requests)
+        self._stats.dropped += len(requests) - len(live)
+        self._pending.extend(live)
+        self._cond.notify_all()
+
+  def _decode(self, addr, msg):
+    """A Request, or None after sending the caller an error."""
+    arrival = time.monotonic()
+    if len(msg) < 16:
+      self._send_error(addr, bytes(msg[:8]).ljust(8, b'\0'), 1,
+                       'Message too short')
+      return None
+    reqnum = bytes(msg[:8])
+    try:
+      size = int.from_bytes(msg[8:16], 'little')
+      if 16 + size > len(msg):
+        raise ValueError('method name exceeds message')
+      name = bytes(msg[16:16 + size]).decode('utf-8')
+      payload = msg[16 + size:]
+      _check_header(payload)
+      args = packlib.unpack(payload)
+    except Exception:
+      self._send_error(addr, reqnum, 2, 'Could not decode message')
+      return None
+    if name != self.method:
+      self._send_error(addr, reqnum, 3, f'Unknown method {name}')
+      return None
+    problem = _check_args(args)
+    if problem:
+      self._send_error(addr, reqnum, 4, (
+          f'{self.method}() expects one argument, a dict of numpy arrays; '
+          f'got {problem}'))
+      return None
+    data = args[0]
+    return Request(addr, reqnum, data, arrival, self._envid(addr, data))
+
+  def _envid(self, addr, data):
+    value = data.get(self.envid_key) if self.envid_key else None
+    if value is not None and value.shape == () and value.dtype.kind in 'iu':
+      return int(value)
+    return addr
+
+  # ----------------------------------------------------------- worker side
+
+  def _work(self):
+    while True:
+      batch = self._next_batch()
+      if batch is None:
+        return
+      self._serve(batch)
+
+  def _next_batch(self):
+    """Blocks until the policy cuts a batch; None once closing."""
+    with self._cond:
+      while self._running:
+        self._drop_disconnected()
+        now = time.monotonic()
+        decision = self.cutoff.decide(self._pending, now)
+        if isinstance(decision, tuple):
+          count, reason = decision
+          count = min(int(count), len(self._pending))
+          if count > 0:
+            batch = [self._pending.popleft() for _ in range(count)]
+            self._stats.cut(reason, [now - r.arrival for r in batch])
+            if self._pending:
+              self._cond.notify_all()  # Another worker may take the rest.
+            return batch
+          decision = None
+        self._cond.wait(None if decision is None else max(0.0, decision))
+    return None
+
+  def _drop_disconnected(self):
+    """Requests of clients that left while queued are not worth serving.
+
+    Scans the queue only after a disconnect, so the hot path stays O(1);
+    requests that arrive from a closed connection are dropped on receipt.
+    """
+    disconnects = self.socket.disconnects
+    if disconnects == self._disconnects:
+      return
+    self._disconnects = disconnects
+    conns = self.socket.conns
+    keep = [r for r in self._pending if r.addr in conns]
+    self._stats.dropped += len(self._pending) - len(keep)
+    self._pending.clear()
+    self._pending.extend(keep)
+
+  def _serve(self, batch):
+    start = time.monotonic()
+    try:
+      replies = list(self.handler(batch))
+      if len(replies) != len(batch):
+        raise ValueError(
+            f'handler returned {len(replies)} replies for {len(batch)} '
+            'requests')
+    except Exception as e:
+      traceback.print_exc()
+      replies = [e] * len(batch)
+    inference = time.monotonic() - start
+    sent, errors = [], 0
+    for request, reply in zip(batch, replies):
+      errors += not self._reply(request, reply)
+      sent.append(time.monotonic())
+    with self._cond:
+      self.cutoff.observe_batch(len(batch), inference)
+      for request, when in zip(batch, sent):
+        self.cutoff.observe_reply(request.envid, when)
+      self._stats.served(batch, sent, inference, errors)
+      self._cond.notify_all()
+    if self.postfn:
+      try:
+        self.postfn(batch, replies)
+      except Exception:
+        traceback.print_exc()
+        with self._cond:
+          self._stats.postfn_errors += 1
+
+  def _reply(self, request, reply):
+    """Sends one reply; False if the caller got an error (or nothing)."""
+    if isinstance(reply, BaseException):
+      self._send_error(request.addr, request.reqnum, 4,
+                       str(reply) or type(reply).__name__)
+      return False
+    try:
+      buffers = packlib.pack(packlib.tree_map(_contiguous, reply))
+    except Exception as e:
+      self._send_error(request.addr, request.reqnum, 4,
+                       f'Could not pack reply: {type(e).__name__}: {e}')
+      return False
+    return self._send(request.addr, request.reqnum, _status(0), *buffers)
+
+  # ---------------------------------------------------------------- helpers
+
+  def _send_error(self, addr, reqnum, status, message):
+    self._send(addr, reqnum, _status(status), message.encode('utf-8'))
+
+  def _send(self, addr, *buffers):
+    for _ in range(3):
+      try:
+        self.socket.send(addr, *buffers)
+        return True
+      except RuntimeError as e:
+        # ServerSocket.send counts queued messages by iterating its
+        # connection table, which its own thread may resize meanwhile.
+        if 'changed size' in str(e):
+          continue
+        print(f'{self.name}: could not send reply ({e})')
+        return False
+      except Exception as e:
+        print(f'{self.name}: could not send reply ({type(e).__name__}: {e})')
+        return False
+    return False
+
+  def _guard(self, loop):
+    """A crashed loop stops the server instead of hanging its clients."""
+    try:
+      loop()
+    except Exception as e:
+      traceback.print_exc()
+      self.error = self.error or e
+      with self._cond:
+        self._running = False
+        self._cond.notify_all()
+
+
+class _Socket(portal.ServerSocket):
+  """portal's ServerSocket, where a misbehaving peer only loses itself.
+
+  Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
+  assert on the socket thread and kills the socket for every client, and a
+  peer that closes mid-handshake makes the socket thread spin. Here both
+  just close that connection. Accepted connections get TCP_NODELAY, so small
+  replies are not held back by Nagle's algorithm.
+  """
+
+  def __init__(self, port, name, nodelay=True, **kwargs):
+    self.nodelay = nodelay  # Before super() starts the socket thread.
+    self.disconnects = 0  # Counts closed connections, for queue pruning.
+    super().__init__(port, name, **kwargs)
+
+  def _recv(self, conn):
+    if self.nodelay and not getattr(conn, 'nodelay', False):
+      conn.nodelay = True
+      try:
+        conn.sock.setsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY, 1)
+      except OSError:
+        pass
+    before = len(conn.handshake)
+    handshaking = before < len(self.handshake)
+    try:
+      super()._recv(conn)
+    except AssertionError as e:
+      self._drop(conn, ValueError(f'invalid frame length ({e})'))
+      return
+    if handshaking and len(conn.handshake) == before:
+      self._drop(conn, ConnectionResetError('closed during handshake'))
+
+  def _drop(self, conn, error):
+    if self.conns.get(conn.addr) is conn:
+      self._disconnect(conn, error)
+
+  def _disconnect(self, conn, error):
+    super()._disconnect(conn, error)
+    self.disconnects += 1
+
+
+class _Stats:
+
+  def __init__(self):
+    self.requests = 0
+    self.batches = 0
+    self.sizes = collections.Counter()
+    self.cuts = collections.Counter()
+    self.waits = collections.deque(maxlen=_SAMPLES)
+    self.latencies = collections.deque(maxlen=_SAMPLES)
+    self.inference = 0.0
+    self.dropped = 0
+    self.errors = 0
+    self.postfn_errors = 0
+
+  def cut(self, reason, waits):
+    self.cuts[reason] += 1
+    self.waits.extend(waits)
+
+  def served(self, batch, sent, inference, errors):
+    self.batches += 1
+    self.sizes[len(batch)] += 1
+    self.latencies.extend(t - r.arrival for r, t in zip(batch, sent))
+    self.inference += inference
+    self.errors += errors
+
+  def result(self, pending):
+    total = sum(size * count for size, count in self.sizes.items())
+    stats = {
+        'requests': self.requests,
+        'batches': self.batches,
+        'batch_size_mean': total / self.batches if self.batches else 0.0,
+        'batch_size_max': max(self.sizes, default=0),
+        'batch_sizes': dict(sorted(self.sizes.items())),
+        'inference_ms_mean': (
+            1000 * self.inference / self.batches if self.batches else 0.0),
+        'dropped': self.dropped,
+        'errors': self.errors,
+        'postfn_errors': self.postfn_errors,
+        'pending': pending,
+    }
+    stats.update({f'cut/{k}': v for k, v in sorted(self.cuts.items())})
+    for name, values in (('queue_wait_ms', self.waits),
+                         ('latency_ms', self.latencies)):
+      for q in (50, 95, 99):
+        value = np.percentile(values, q) * 1000 if values else 0.0
+        stats[f'{name}/p{q}'] = float(value)
+    return stats
+
+
+def _status(code):
+  return code.to_bytes(8, 'little')
+
+
+def _check_header(payload):
+  """packlib.unpack trusts its buffer count; garbage could make it allocate
+  gigabytes, so check the count fits the payload first."""
+  count = int.from_bytes(bytes(payload[:8]), 'little')
+  if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
+    raise ValueError('bad packlib header')
+
+
+def _check_args(args):
+  """None if `args` is [dict of numpy arrays], else what it was instead."""
+  if not isinstance(args, list) or len(args) != 1:
+    count = len(args) if isinstance(args, list) else 0
+    return f'{count} arguments'
+  data = args[0]
+  if not isinstance(data, dict):
+    return type(data).__name__
+  for key, value in data.items():
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+      return f'{type(value).__name__} under key {key!r}'
+  return None
+
+
+def _contiguous(value):
+  if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
+    return np.ascontiguousarray(value)
+  return value

@@ -1,0 +1,399 @@
+"""Tests for the batch server and its cutoff policies.
+
+Replies are checked by value (each client sends its own counter and expects
+exactly twice that back), so a reply routed to the wrong caller fails. Every
+server runs on a loopback port and is closed in a finally block; every wait
+has a timeout.
+"""
+
+import collections
+import contextlib
+import socket
+import threading
+import time
+
+import numpy as np
+import portal
+import pytest
+
+from dreamer_ver.runtime import cutoff as cutofflib
+from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.process import free_port
+
+TIMEOUT = 5.0
+Pending = collections.namedtuple('Pending', 'arrival envid')
+
+
+# ------------------------------------------------------------------ cutoffs
+
+class FakeClock:
+
+  def __init__(self):
+    self.now = 100.0
+
+  def advance(self, seconds):
+    self.now += seconds
+
+
+def arrive(queue, clock, envid=0):
+  queue.append(Pending(clock.now, envid))
+
+
+def test_minmax_dispatches_when_min_reached():
+  clock, queue = FakeClock(), []
+  policy = cutofflib.MinMaxTimeout(min_batch=3, max_batch=8, timeout=0.05)
+  assert policy.decide(queue, clock.now) is None
+  arrive(queue, clock)
+  clock.advance(0.01)
+  assert policy.decide(queue, clock.now) == pytest.approx(0.04)
+  arrive(queue, clock)
+  arrive(queue, clock)
+  assert policy.decide(queue, clock.now) == (3, 'min')
+
+
+def test_minmax_times_out_on_the_oldest():
+  clock, queue = FakeClock(), []
+  policy = cutofflib.MinMaxTimeout(min_batch=4, max_batch=8, timeout=0.05)
+  arrive(queue, clock)
+  clock.advance(0.03)
+  arrive(queue, clock)
+  assert policy.decide(queue, clock.now) == pytest.approx(0.02)
+  clock.advance(0.02)
+  assert policy.decide(queue, clock.now) == (2, 'timeout')
+
+
+def test_minmax_never_exceeds_max():
+  clock, queue = FakeClock(), []
+  policy = cutofflib.MinMaxTimeout(min_batch=2, max_batch=4, timeout=1.0)
+  for _ in range(7):
+    arrive(queue, clock)
+  assert policy.decide(queue, clock.now) == (4, 'max')
+  clock.advance(5.0)  # Even when long overdue.
+  assert policy.decide(queue, clock.now) == (4, 'max')
+
+
+def test_fixed_never_dispatches_fewer():
+  clock, queue = FakeClock(), []
+  policy = cutofflib.Fixed(3)
+  for _ in range(2):
+    arrive(queue, clock)
+    clock.advance(1000.0)
+    assert policy.decide(queue, clock.now) is None
+  arrive(queue, clock)
+  assert policy.decide(queue, clock.now) == (3, 'fixed')
+  arrive(queue, clock)
+  assert policy.decide(queue, clock.now) == (3, 'fixed')
+
+
+def test_cutoff_arguments_are_checked():
+  with pytest.raises(ValueError):
+    cutofflib.MinMaxTimeout(5, 4, 0.1)
+  with pytest.raises(ValueError):
+    cutofflib.MinMaxTimeout(0, 4, 0.1)
+  with pytest.raises(ValueError):
+    cutofflib.Fixed(0)
+
+
+# ------------------------------------------------------------------ helpers
+
+class Doubler:
+  """Handler: {'y': 2x} per request; records what each batch held."""
+
+  def __init__(self, delay=0.0):
+    self.delay = delay
+    self.batches = []
+    self.lock = threading.Lock()
+
+  def __call__(self, requests):
+    with self.lock:
+      self.batches.append([r.data['x'].copy() for r in requests])
+    if self.delay:
+      time.sleep(self.delay)
+    return [{'y': r.data['x'] * 2} for r in requests]
+
+  @property
+  def sizes(self):
+    return [len(b) for b in self.batches]
+
+
+@contextlib.contextmanager
+def serving(handler, cutoff, **kwargs):
+  addr = f'127.0.0.1:{free_port()}'
+  server = BatchServer(addr, handler, cutoff, logging=False, **kwargs)
+  try:
+    server.start()
+    yield server, addr
+  finally:
+    server.close(timeout=TIMEOUT)
+
+
+@contextlib.contextmanager
+def connected(addr, count=1, **kwargs):
+  kwargs = {'maxinflight': 1, 'autoconn': False, 'logging': False, **kwargs}
+  clients = []
+  try:
+    for _ in range(count):
+      client = portal.Client(addr, 'TestClient', **kwargs)
+      clients.append(client)
+      assert client.connect(timeout=TIMEOUT)
+    yield clients
+  finally:
+    for client in clients:
+      client.close(timeout=1)
+
+
+def result(future, timeout=TIMEOUT):
+  """future.result with a deadline; waits in slices because portal's
+  Future.wait can miss a notify that lands between its check and its wait."""
+  deadline = time.monotonic() + timeout
+  while not future.wait(0.05):
+    if time.monotonic() > deadline:
+      raise TimeoutError('no reply')
+  return future.result(0)
+
+
+def wait_until(predicate, timeout=TIMEOUT):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise TimeoutError('condition not reached')
+    time.sleep(0.01)
+
+
+def run_clients(clients, steps, first=0):
+  """Each client asks for 2x its own counter; returns per-client failures."""
+  failures = collections.defaultdict(list)
+
+  def loop(index, client):
+    try:
+      for step in range(first, first + steps):
+        x = np.array([index, step], np.int64)
+        reply = result(client.act({'x': x, 'envid': np.int64(index)}))
+        if not np.array_equal(reply['y'], 2 * x):
+          failures[index].append((step, reply['y']))
+    except Exception as e:
+      failures[index].append(repr(e))
+
+  threads = [threading.Thread(target=loop, args=(i, c), daemon=True)
+             for i, c in enumerate(clients)]
+  [t.start() for t in threads]
+  [t.join(TIMEOUT * 4) for t in threads]
+  assert not any(t.is_alive() for t in threads), 'client threads hung'
+  return dict(failures)
+
+
+# ------------------------------------------------------------------ serving
+
+class Recording(cutofflib.MinMaxTimeout):
+  """MinMaxTimeout that remembers what the server told it."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.batches, self.replies = [], collections.Counter()
+
+  def observe_batch(self, size, inference_seconds):
+    assert inference_seconds >= 0
+    self.batches.append(size)
+
+  def observe_reply(self, envid, time):
+    self.replies[envid] += 1
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_replies_are_routed_by_value_in_varying_batches(workers):
+  handler = Doubler(delay=0.003)
+  policy = Recording(2, 4, 0.005)
+  with serving(handler, policy, workers=workers) as (server, addr):
+    with connected(addr, count=6) as clients:
+      assert not run_clients(clients, steps=25)
+    stats = server.stats()
+  sizes = handler.sizes
+  assert sum(sizes) == 6 * 25
+  assert all(1 <= size <= 4 for size in sizes)
+  assert max(sizes) > 1, 'nothing was batched'
+  assert sorted(policy.batches) == sorted(sizes)
+  assert policy.replies == {i: 25 for i in range(6)}  # Env ids from 'envid'.
+  assert stats['requests'] == 150
+  assert stats['batches'] == len(sizes)
+  assert stats['batch_sizes'] == dict(collections.Counter(sizes))
+  assert stats['batch_size_max'] == max(sizes)
+  assert stats['batch_size_mean'] == pytest.approx(150 / len(sizes))
+  assert sum(v for k, v in stats.items() if k.startswith('cut/')) == len(sizes)
+  assert stats['errors'] == stats['dropped'] == stats['pending'] == 0
+  assert stats['inference_ms_mean'] >= 3
+  for name in ('queue_wait_ms', 'latency_ms'):
+    assert 0 <= stats[f'{name}/p50'] <= stats[f'{name}/p95'] <= stats[
+        f'{name}/p99']
+  assert stats['latency_ms/p50'] >= stats['queue_wait_ms/p50']
+
+
+def test_stats_reset_on_read():
+  with serving(Doubler(), cutofflib.MinMaxTimeout(1, 4, 0.01)) as (server, addr):
+    with connected(addr) as (client,):
+      x = np.arange(3)
+      assert np.array_equal(result(client.act({'x': x}))['y'], 2 * x)
+    first, second = server.stats(), server.stats()
+  assert first['requests'] == 1 and first['batches'] == 1
+  assert second['requests'] == 0 and second['batches'] == 0
+  assert second['latency_ms/p99'] == 0.0
+
+
+def test_fewer_clients_than_min_batch_still_progress():
+  """The timeout is what portal.BatchServer lacks: 2 clients, min batch 8."""
+  handler = Doubler()
+  with serving(handler, cutofflib.MinMaxTimeout(8, 8, 0.01)) as (server, addr):
+    with connected(addr, count=2) as clients:
+      assert not run_clients(clients, steps=5)
+    stats = server.stats()
+  assert stats['cut/timeout'] == len(handler.sizes)
+  assert max(handler.sizes) <= 2
+
+
+# ------------------------------------------------------------------ faults
+
+def test_invalid_requests_error_only_their_caller():
+  handler = Doubler()
+  with serving(handler, cutofflib.MinMaxTimeout(1, 4, 0.005)) as (server, addr):
+    with connected(addr, count=4) as clients:
+      bad, good = clients[0], clients[1:]
+      outcome = {}
+      thread = threading.Thread(
+          target=lambda: outcome.update(run_clients(good, steps=30)),
+          daemon=True)
+      thread.start()
+      cases = [
+          (lambda: bad.act(np.arange(3)), 'dict of numpy arrays; got ndarray'),
+          (lambda: bad.act({'x': 'text'}), "str under key 'x'"),
+          (lambda: bad.act({'x': np.zeros(1)}, {'x': np.zeros(1)}),
+           '2 arguments'),
+          (lambda: bad.call('nope', {'x': np.zeros(1)}), 'Unknown method nope'),
+      ]
+      for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+          result(call())
+      x = np.array([7])  # The bad caller is still served afterwards.
+      assert np.array_equal(result(bad.act({'x': x}))['y'], 2 * x)
+      thread.join(TIMEOUT * 4)
+      assert not thread.is_alive()
+      assert outcome == {}
+    stats = server.stats()
+  assert stats['errors'] == 4
+  assert stats['requests'] == 3 * 30 + 1
+
+
+def test_client_disconnecting_while_queued_is_dropped():
+  handler = Doubler()
+  with serving(handler, cutofflib.Fixed(2)) as (server, addr):
+    with connected(addr) as (leaver,):
+      wait_until(lambda: len(server.connections) == 1)  # Accepted.
+      leaver_addr, = server.connections
+      leaver.act({'x': np.array([-1])})
+      wait_until(lambda: server.stats()['pending'] == 1)
+    wait_until(lambda: leaver_addr not in server.connections)
+    with connected(addr, count=2) as clients:
+      assert not run_clients(clients, steps=10)
+    stats = server.stats()
+  values = [int(x[0]) for batch in handler.batches for x in batch]
+  assert -1 not in values
+  assert handler.sizes == [2] * 10
+  assert stats['dropped'] == 1
+
+
+def test_handler_exception_errors_that_batch_only():
+  def handler(requests):
+    if any(r.data['x'][0] < 0 for r in requests):
+      raise ValueError('boom: negative input')
+    return [{'y': r.data['x'] * 2} if r.data['x'][0] != 13
+            else KeyError('unlucky') for r in requests]
+
+  with serving(handler, cutofflib.Fixed(2)) as (server, addr):
+    with connected(addr, count=2) as (a, b):
+      poisoned = a.act({'x': np.array([-1])})
+      innocent = b.act({'x': np.array([5])})
+      for future in (poisoned, innocent):
+        with pytest.raises(RuntimeError, match='boom'):
+          result(future)
+      unlucky = a.act({'x': np.array([13])})
+      fine = b.act({'x': np.array([6])})
+      with pytest.raises(RuntimeError, match='unlucky'):
+        result(unlucky)
+      assert np.array_equal(result(fine)['y'], [12])
+      assert not run_clients([a, b], steps=5, first=100)
+    stats = server.stats()
+  assert stats['errors'] == 3
+  assert stats['batches'] == 2 + 5
+
+
+def read_frame(sock):
+  """One length-prefixed frame from a raw socket; b'' once it is closed."""
+  data = b''
+  while True:
+    try:
+      chunk = sock.recv(4096)
+    except ConnectionResetError:
+      return b''
+    if not chunk:
+      return b''
+    data += chunk
+    if len(data) >= 8 and len(data) >= 8 + int.from_bytes(data[:8], 'little'):
+      return data[8:]
+
+
+def raw_connection(addr, handshake=b'portal_handshake'):
+  host, port = addr.rsplit(':', 1)
+  sock = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+  sock.sendall(handshake)
+  return sock
+
+
+def test_garbage_on_the_wire_costs_only_that_connection():
+  with serving(Doubler(), cutofflib.MinMaxTimeout(1, 4, 0.005)) as (
+      server, addr):
+    with connected(addr, count=2) as clients:
+      assert not run_clients(clients, steps=3)
+      with contextlib.closing(raw_connection(addr)) as sock:
+        # Well framed but too short: status 1.
+        sock.sendall((4).to_bytes(8, 'little') + b'abcd')
+        reply = read_frame(sock)
+        assert int.from_bytes(reply[8:16], 'little') == 1
+        # Well framed garbage: status 2 with the caller's request number.
+        sock.sendall((24).to_bytes(8, 'little') + b'\x07' * 8 + b'\xee' * 16)
+        reply = read_frame(sock)
+        assert reply[:8] == b'\x07' * 8
+        assert int.from_bytes(reply[8:16], 'little') == 2
+        assert not run_clients(clients, steps=3, first=10)
+        # A nonsense length prefix: the server closes this connection.
+        sock.sendall(b'\xff' * 8 + b'garbage')
+        assert read_frame(sock) == b''
+      with contextlib.closing(raw_connection(addr, b'hello_there_what')) as sock:
+        assert read_frame(sock) == b''  # Wrong handshake: closed.
+      raw_connection(addr, b'portal').close()  # Gone mid-handshake.
+      with contextlib.closing(raw_connection(addr)) as sock:
+        sock.sendall(bytes(8))  # A zero length prefix.
+        assert read_frame(sock) == b''
+      assert not run_clients(clients, steps=5, first=20)
+      wait_until(lambda: len(server.connections) == 2)
+    assert server.error is None
+    stats = server.stats()
+  assert stats['errors'] == 2
+
+
+def test_closing_the_server_disconnects_waiting_clients():
+  """A request stuck in a Fixed(2) queue when the server closes: the
+  unmodified portal.Client reports Disconnected, as with portal's servers."""
+  with serving(Doubler(), cutofflib.Fixed(2)) as (server, addr):
+    with connected(addr) as (client,):
+      future = client.act({'x': np.array([1])})
+      wait_until(lambda: server.stats()['pending'] == 1)
+      server.close(timeout=TIMEOUT)
+      with pytest.raises(portal.Disconnected):
+        result(future)
+
+
+def test_server_binds_loopback_for_localhost():
+  server = BatchServer(
+      f'localhost:{free_port()}', Doubler(), cutofflib.Fixed(1), logging=False)
+  try:
+    assert server.socket.addr[0] == '127.0.0.1'
+  finally:
+    server.close(timeout=TIMEOUT)
