@@ -10,7 +10,7 @@
 set -uo pipefail
 logdir=${1:?usage: launch/local.sh LOGDIR [flags...]}
 shift
-py=${PYTHON:-python}
+py=${PYTHON:-python3}
 port() { "$py" -c 'from dreamer_ver.runtime.process import free_port; print(free_port())'; }
 host=${HOST:-localhost}
 addrs=(--run.actor_addr "$host:$(port)" --run.replay_addr "$host:$(port)"

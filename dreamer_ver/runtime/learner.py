@@ -24,15 +24,22 @@ class Prefetch:
     self.call = getattr(client, method)
     self.futures = collections.deque(self.call() for _ in range(depth))
 
-  def next(self, stop, poll=0.5):
+  def next(self, stop):
     """The next result; None if `stop` is set while waiting."""
-    future = self.futures[0]
-    while not future.wait(poll):
-      if stop():
-        return None
-    self.futures.popleft()
-    self.futures.append(self.call())
-    return future.result()
+    result = wait(self.futures[0], stop)
+    if result is not None:
+      self.futures.popleft()
+      self.futures.append(self.call())
+    return result
+
+
+def wait(future, stop, poll=0.2):
+  """A future's result, or None once `stop()` is true. Waits in slices:
+  portal's Future.wait can miss a wake-up, so never wait unboundedly."""
+  while not future.wait(poll):
+    if stop():
+      return None
+  return future.result()
 
 
 class Checkpoint:
@@ -88,7 +95,7 @@ class Learner:
       self.train_step(batch)
       fps.step(self.config.batch_size * self.config.batch_length)
       if should_report():
-        self.report()
+        self.report(stop)
       if should_log():
         self.log({'fps/train': fps.result()})
 
@@ -103,12 +110,14 @@ class Learner:
     for key, value in mets.items():
       self.metrics[key].append(value)
 
-  def report(self):
-    batch = self.replay.sample_batch_report().result()
+  def report(self, stop):
+    batch = wait(self.replay.sample_batch_report(), stop)
+    if batch is None:
+      return
     mets = self.agent.report(self.state, batch)
     self._send({f'report/{k}': v for k, v in jax.device_get(mets).items()
                 if np.ndim(v) == 0})
-    batch = self.replay.sample_batch_eval().result()
+    batch = wait(self.replay.sample_batch_eval(), stop)
     if batch:
       mets = self.agent.report(self.state, batch)
       self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()

@@ -127,6 +127,7 @@ def parallel_agent(config, children=None):
       agent, state, store, config,
       replay=portal.Client(run.replay_addr, 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters)
+  clients = (actor.replay, actor.logger, learner.replay, logger)
   done = lambda: bool(stop) or actor.served >= run.steps
   server = BatchServer(
       run.actor_addr, actor.handle, _make_cutoff(run, envs, max_batch),
@@ -166,6 +167,8 @@ def parallel_agent(config, children=None):
   counters['steps'] = actor.served
   learner.save()
   print(f'Agent saved at step {actor.served}.')
+  for client in clients:
+    client.close(timeout=1)
   return 0
 
 

@@ -1,0 +1,80 @@
+"""End to end: the parallel runtime on the debug config, as a user runs it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
+         '--env.synthetic.length', '20',
+         '--run.log_every', '2', '--run.save_every', '5']
+
+
+def _spawned_children():
+  """PIDs of multiprocessing children alive on this machine."""
+  out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True,
+                       text=True).stdout
+  return {line.split()[0] for line in out.splitlines()
+          if 'multiprocessing.spawn' in line}
+
+
+def _run(args, timeout=300):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1',
+         'PYTHON': sys.executable}
+  proc = subprocess.run(
+      args, cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=timeout)
+  return proc.returncode, proc.stdout + proc.stderr
+
+
+def _main(*args):
+  return _run([sys.executable, '-m', 'dreamer_ver.main', *args])
+
+
+def test_parallel_runs_to_steps_then_resumes(tmp_path):
+  logdir = tmp_path / 'run'
+  before = _spawned_children()
+  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
+                    '--run.steps', '300', *FLAGS)
+  assert code == 0, out[-3000:]
+  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  assert counters['steps'] >= 300 and counters['version'] >= 1, counters
+  for name in ('ckpt/agent.npz', 'ckpt/replay.json', 'ckpt/logger.json',
+               'metrics.jsonl', 'scores.jsonl', 'config.yaml'):
+    assert (logdir / name).exists(), name
+  assert list((logdir / 'replay').glob('*.npz')), 'no replay chunks saved'
+  metrics = [json.loads(l) for l in (logdir / 'metrics.jsonl').open()]
+  keys = set().union(*metrics)
+  assert {'train/loss/dyn', 'fps/train', 'fps/policy',
+          'replay/items'} <= keys, sorted(keys)
+  scores = [json.loads(l) for l in (logdir / 'scores.jsonl').open()]
+  assert scores and all(s['length'] == 20 for s in scores)
+  assert _spawned_children() <= before, 'child processes left behind'
+
+  logger_step = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
+  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
+                    '--run.steps', '500', *FLAGS)
+  assert code == 0, out[-3000:]
+  assert f'Agent resumed at step {counters["steps"]}' in out, out[-3000:]
+  resumed = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  assert resumed['steps'] >= 500
+  assert resumed['version'] > counters['version']
+  logger_now = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
+  assert logger_now['step'] > logger_step['step']
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='bash launch script')
+def test_launch_script_runs_components_as_separate_processes(tmp_path):
+  logdir = tmp_path / 'split'
+  code, out = _run(
+      ['bash', 'launch/local.sh', str(logdir), '--run.steps', '200', *FLAGS],
+      timeout=300)
+  assert code == 0, out[-3000:]
+  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  assert counters['steps'] >= 200
+  assert (logdir / 'ckpt' / 'replay.json').exists()
+  assert (logdir / 'metrics.jsonl').exists()
