@@ -398,7 +398,7 @@ def validate(config):
     need(c[key] >= 0, f'{key} must be >= 0 (got {c[key]})')
   for key in ('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
               'run.report_every', 'run.episode_timeout',
-              'run.actor_latency_cap'):
+              'run.actor_max_wait'):
     need(c[key] > 0, f'{key} must be > 0 (got {c[key]})')
   need(c['run.actor_min_wait'] >= 0,
        f"run.actor_min_wait must be >= 0 (got {c['run.actor_min_wait']})")
@@ -426,9 +426,9 @@ def validate(config):
 
   # Actor batching.
   envs, total = c['run.envs'], c['run.envs'] + c['run.eval_envs']
-  need(c['run.actor_batcher'] in ('adaptive', 'fixed'),
-       f"run.actor_batcher must be 'adaptive' or 'fixed' "
-       f"(got '{c['run.actor_batcher']}')")
+  need(c['run.actor_cutoff'] in ('preempt', 'ver', 'fixed'),
+       f"run.actor_cutoff must be 'preempt', 'ver' or 'fixed' "
+       f"(got '{c['run.actor_cutoff']}')")
   batch = c['run.actor_batch']
   need(batch <= envs,
        f'run.actor_batch ({batch}) must be <= run.envs ({envs})')
@@ -443,7 +443,7 @@ def validate(config):
     largest = hi if hi > 0 else total
     need(buckets[-1] >= largest,
          f'the largest of run.actor_buckets ({buckets[-1]}) must be >= the '
-         f'largest adaptive batch ({largest}, run.actor_max_batch or '
+         f'largest batch ({largest}, run.actor_max_batch or '
          f'run.envs + run.eval_envs)')
 
   # Addresses: '{auto}' ports only work when one process starts everything.

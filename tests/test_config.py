@@ -255,7 +255,7 @@ def test_block_errors_name_block_and_key(tmp_path):
      'run.actor_min_batch (4) must be <= run.actor_max_batch (2)'),
     ({'run.actor_buckets': [1, 2]}, 'run.actor_buckets'),
     ({'run.actor_buckets': [4, 2, 8]}, 'run.actor_buckets'),
-    ({'run.actor_batcher': 'magic'}, 'run.actor_batcher'),
+    ({'run.actor_cutoff': 'magic'}, 'run.actor_cutoff'),
     ({'jax.compute_dtype': 'float64'}, 'jax.compute_dtype'),
     ({'task': 'cartpole'}, 'task must look like <suite>_<name>'),
     ({'task': 'dmc_walker_walk', 'env.dmc.image': False,

@@ -169,7 +169,7 @@ def test_metrics_averaged_until_write(tmp_path):
   service.tran(rows((0, 0.0, True, False)))
   assert service.write() == {'step': 1, 'parallel/ep_starts': 1}
   assert [line['step'] for line in metrics(tmp_path)] == [0, 1]
-  assert '50.0 train steps/s' in service.lines[0]
+  assert '50.0 replayed steps/s' in service.lines[0]
   assert 'fps/train 50' in service.lines[0]  # Matches logger.filter.
 
 

@@ -46,6 +46,7 @@ class Actor:
     self.logger = logger  # portal.Client of the logger server, or None
     self.pending = {}  # id(requests) -> transitions, from handle to post
     self.served = 0  # train env steps served (eval rows excluded)
+    self.version = 0  # params version of the latest batch
     self._step = jax.jit(self._step_fn, donate_argnums=(1,))
 
   # ------------------------------------------------------------- compile
@@ -129,6 +130,7 @@ class Actor:
       slots = np.full((size,), self.slots, np.int32)
       slots[:n] = [self._slot(e) for e in envids]
       params, version = self.params.latest()
+      self.version = version
       key = jax.random.fold_in(self.key, self.batches)
       self.batches += 1
       self.table, acts, outs = self._step(

@@ -133,7 +133,8 @@ class BatchServer:
     with self._cond:
       stats, self._stats = self._stats, _Stats()
       pending = len(self._pending)
-    return stats.result(pending)
+      extra = self.cutoff.stats() if hasattr(self.cutoff, 'stats') else {}
+    return {**stats.result(pending), **extra}
 
   # ---------------------------------------------------------- receive side
 

@@ -93,3 +93,237 @@ class Fixed(Cutoff):
     if len(pending) >= self.batch:
       return Cut(self.batch, 'fixed')
     return None
+
+
+class WindowedMean:
+  """Mean of the last `size` values (VER's WindowedRunningMean)."""
+
+  def __init__(self, size):
+    self.values = collections.deque(maxlen=size)
+
+  def add(self, value):
+    self.values.append(value)
+
+  def __len__(self):
+    return len(self.values)
+
+  @property
+  def mean(self):
+    return sum(self.values) / len(self.values) if self.values else 0.0
+
+  @property
+  def std(self):
+    if len(self.values) < 2:
+      return 0.0
+    mean = self.mean
+    return (sum((v - mean) ** 2 for v in self.values) / len(self.values)) ** 0.5
+
+
+class VER(Cutoff):
+  """VER's inference-worker rule: cut once `min_batch` requests are queued,
+  or once `min_wait` has passed since the last batch with at least one
+  request queued; never more than `max_batch`. `min_wait` adapts to half the
+  mean inference time. A latency cap bounds every request's wait.
+  """
+
+  def __init__(self, min_batch, max_batch, min_wait=0.01, max_wait=0.05):
+    if not 1 <= min_batch <= max_batch:
+      raise ValueError(
+          f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+    self.min_batch = min_batch
+    self.max_batch = max_batch
+    self.min_wait = min_wait
+    self.max_wait = max_wait
+    self.inference = WindowedMean(128)
+    self.last_batch = None  # when the last batch finished
+
+  def decide(self, pending, now):
+    count = len(pending)
+    if not count:
+      return None
+    if count >= self.max_batch:
+      return Cut(self.max_batch, 'max')
+    if count >= self.min_batch:
+      return Cut(count, 'min')
+    if now - pending[0].arrival >= self.max_wait:
+      return Cut(count, 'latency_cap')
+    since = now - (self.last_batch if self.last_batch is not None
+                   else pending[0].arrival)
+    if since >= self.min_wait:
+      return Cut(count, 'min_wait')
+    return min(self.min_wait - since,
+               pending[0].arrival + self.max_wait - now)
+
+  def observe_batch(self, size, inference_seconds):
+    self.inference.add(inference_seconds)
+    self.min_wait = self.inference.mean / 2
+
+  def observe_reply(self, envid, time):
+    self.last_batch = time if self.last_batch is None else max(
+        self.last_batch, time)
+
+
+class Preempt(Cutoff):
+  """The throughput-optimal cutoff: VER's argmax S / (Time(S) + LT) applied
+  to inference batches.
+
+  It learns, per env, the time from a reply to that env's next request (its
+  step time, windowed mean), and the inference time of each padded bucket.
+  With k requests queued, it predicts when each env that is not queued will
+  arrive and compares cutting now against waiting for the next j arrivals:
+
+      throughput(j) = (k + j) / (wait(j) + inference(bucket(k + j)))
+
+  and cuts when j = 0 wins, else waits for the winning arrival. Guard rails
+  from VER: at most `max_batch`; fewer than `min_batch` only after an
+  adaptive minimum wait (half the mean inference time); and no request ever
+  waits longer than `max_wait`. Envs that stop sending (dead, hung, or far
+  slower than their history) drop out of the prediction.
+  """
+
+  def __init__(self, min_batch, max_batch, buckets, inference=None,
+               max_wait=0.05, window=16, late=3.0, forget=5.0):
+    if not 1 <= min_batch <= max_batch:
+      raise ValueError(
+          f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+    self.min_batch = min_batch
+    self.max_batch = max_batch
+    self.buckets = sorted(buckets)
+    self.max_wait = max_wait
+    self.window = window
+    self.late = late  # an env this many stds (plus 5 ms) past due is late
+    self.forget = forget  # seconds of silence after which an env is dead
+    self.inference = {b: WindowedMean(window) for b in self.buckets}
+    for size, seconds in (inference or {}).items():
+      self._bucket_mean(size).add(seconds)
+    self.step = {}  # envid -> WindowedMean of reply -> next arrival
+    self.replied = {}  # envid -> time of the last reply, while not queued
+    self.recent = WindowedMean(128)  # inference seconds, any bucket
+    self.decided = None  # (predicted wait, when decided) for stats
+    self.wait_errors = WindowedMean(1024)
+
+  # ------------------------------------------------------------- decide
+
+  def decide(self, pending, now):
+    count = len(pending)
+    if not count:
+      return None
+    self._note_arrivals(pending)
+    if count >= self.max_batch:
+      return self._cut(self.max_batch, 'max', now)
+    deadline = pending[0].arrival + self.max_wait
+    if now >= deadline:
+      return self._cut(count, 'latency_cap', now)
+    arrivals = self._predicted_arrivals(now, deadline)
+    best, best_wait, best_rate = 0, 0.0, count / self._infer(count)
+    for j, arrival in enumerate(arrivals[:self.max_batch - count], 1):
+      wait = arrival - now
+      rate = (count + j) / (wait + self._infer(count + j))
+      if rate > best_rate:
+        best, best_wait, best_rate = j, wait, rate
+    if best == 0:
+      min_wait = self.recent.mean / 2
+      if count >= self.min_batch or now - pending[0].arrival >= min_wait:
+        return self._cut(count, 'optimum', now)
+      best_wait = min_wait - (now - pending[0].arrival)
+    if self.decided is None:
+      self.decided = (best_wait, now)
+    return max(1e-4, min(best_wait, deadline - now))
+
+  def _cut(self, count, reason, now):
+    if self.decided is not None:
+      predicted, since = self.decided
+      self.wait_errors.add((now - since) - predicted)
+      self.decided = None
+    return Cut(count, reason)
+
+  # ------------------------------------------------------------ observe
+
+  def observe_batch(self, size, inference_seconds):
+    self._bucket_mean(size).add(inference_seconds)
+    self.recent.add(inference_seconds)
+
+  def observe_reply(self, envid, time):
+    self.replied[envid] = time
+
+  def stats(self):
+    return {
+        'preempt/wait_error_ms': self.wait_errors.mean * 1000,
+        'preempt/envs_tracked': len(self.step),
+        'preempt/envs_stepping': len(self.replied),
+    }
+
+  # ------------------------------------------------------------ helpers
+
+  def _note_arrivals(self, pending):
+    """A queued env is no longer stepping: record its step time once."""
+    for request in pending:
+      sent = self.replied.pop(request.envid, None)
+      if sent is not None and request.arrival >= sent:
+        self.step.setdefault(
+            request.envid, WindowedMean(self.window)).add(
+                request.arrival - sent)
+
+  def _predicted_arrivals(self, now, deadline):
+    """Predicted arrival times (sorted) of envs not queued, before the
+    deadline. Late envs count as arriving now at best; dead ones are
+    forgotten."""
+    arrivals = []
+    for envid, sent in list(self.replied.items()):
+      stats = self.step.get(envid)
+      if now - sent > self.forget and (
+          stats is None or now - sent > self.forget + stats.mean):
+        del self.replied[envid]  # Silent for too long: dead or hung.
+        self.step.pop(envid, None)
+        continue
+      if stats is None or not len(stats):
+        continue  # No estimate yet (a new env).
+      due = sent + stats.mean
+      if now > due + self.late * stats.std + 0.005:
+        continue  # Late: do not hold the batch for it.
+      arrival = max(now, due)
+      if arrival < deadline:
+        arrivals.append(arrival)
+    arrivals.sort()
+    return arrivals
+
+  def _infer(self, size):
+    return max(1e-5, self._bucket_mean(size).mean or self._nearest(size))
+
+  def _bucket_mean(self, size):
+    for bucket in self.buckets:
+      if bucket >= size:
+        return self.inference[bucket]
+    return self.inference[self.buckets[-1]]
+
+  def _nearest(self, size):
+    """Inference estimate for a bucket never measured: the closest measured
+    bucket, scaled linearly in size as a conservative guess."""
+    known = [(b, m.mean) for b, m in self.inference.items() if len(m)]
+    if not known:
+      return 1e-3
+    bucket, seconds = min(known, key=lambda x: abs(x[0] - size))
+    return seconds * max(1.0, size / bucket)
+
+
+def make_cutoff(run, envs, buckets, inference=None):
+  """The cutoff policy named by `run.actor_cutoff` with its guard rails.
+
+  Defaults as VER's: min = N / (1.5 W), max = N (all envs), with N the envs
+  and W the inference threads.
+  """
+  threads = max(1, run.actor_threads)
+  max_batch = run.actor_max_batch if run.actor_max_batch > 0 else envs
+  min_batch = run.actor_min_batch
+  if min_batch <= 0:
+    min_batch = max(1, int(envs / threads / 1.5))
+  min_batch = min(min_batch, max_batch)
+  if run.actor_cutoff == 'fixed':
+    batch = run.actor_batch if run.actor_batch > 0 else max(1, run.envs // 2)
+    return Fixed(batch)
+  if run.actor_cutoff == 'ver':
+    return VER(min_batch, max_batch, run.actor_min_wait, run.actor_max_wait)
+  if run.actor_cutoff == 'preempt':
+    return Preempt(min_batch, max_batch, buckets, inference,
+                   max_wait=run.actor_max_wait)
+  raise ValueError(f'unknown run.actor_cutoff {run.actor_cutoff!r}')

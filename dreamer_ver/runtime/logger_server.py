@@ -250,7 +250,7 @@ class LoggerService:
       parts.append(f'eval score '
                    f'{record.get("eval_episode/score", latest["eval_score"]):.2f}')
     if 'fps/train' in latest:
-      parts.append(f'{latest["fps/train"]:.1f} train steps/s')
+      parts.append(f'{latest["fps/train"]:.1f} replayed steps/s')
     remaining = self.target - step
     if fps > 0 and remaining > 0:
       parts.append(f'ETA {_duration(remaining / fps)}')

@@ -130,7 +130,8 @@ def parallel_agent(config, children=None):
   clients = (actor.replay, actor.logger, learner.replay, logger)
   done = lambda: bool(stop) or actor.served >= run.steps
   server = BatchServer(
-      run.actor_addr, actor.handle, _make_cutoff(run, envs, max_batch),
+      run.actor_addr, actor.handle,
+      cutofflib.make_cutoff(run, envs, actor.buckets, inference),
       postfn=actor.post, workers=run.actor_threads, name='Actor')
   server.start()
 
@@ -159,7 +160,8 @@ def parallel_agent(config, children=None):
                if isinstance(v, (int, float))}
       stats['fps/policy'] = fps.result()
       stats['actor/served'] = actor.served
-      stats['actor/policy_lag'] = store.version - counters['version']
+      # Updates the learner made since the params of the latest batch.
+      stats['actor/policy_lag'] = store.version - actor.version
       logger.add(stats)
 
   server.close()
@@ -190,17 +192,6 @@ def _buckets(run, max_batch):
     sizes.append(size)
     size *= 2
   return sizes + [max_batch]
-
-
-def _make_cutoff(run, envs, max_batch):
-  if run.actor_batcher == 'fixed':
-    batch = run.actor_batch if run.actor_batch > 0 else max(1, run.envs // 2)
-    return cutofflib.Fixed(batch)
-  min_batch = run.actor_min_batch
-  if min_batch <= 0:
-    min_batch = max(1, int(envs / 1.5))
-  return cutofflib.MinMaxTimeout(
-      min(min_batch, max_batch), max_batch, run.actor_latency_cap)
 
 
 def _call(target, config, *args):

@@ -1,0 +1,115 @@
+"""The preemption decider, deterministic with a fake clock."""
+
+import collections
+
+import pytest
+
+from dreamer_ver.runtime import cutoff
+
+Req = collections.namedtuple('Req', 'arrival envid')
+
+
+def trained(envs, step_time, inference, now=0.0, **kw):
+  """A Preempt policy that has seen `envs` step `step_time` apart for a
+  few rounds and batches of every bucket take `inference` seconds."""
+  policy = cutoff.Preempt(1, 16, [1, 2, 4, 8, 16],
+                          inference={b: inference for b in (1, 2, 4, 8, 16)},
+                          **kw)
+  t = now - 10 * step_time
+  for _ in range(5):
+    for env in envs:
+      policy.observe_reply(env, t)
+    t += step_time
+    policy.decide([Req(t, env) for env in envs], t)
+  for env in envs:
+    policy.observe_reply(env, t)
+  return policy, t
+
+
+def test_waits_when_an_arrival_is_imminent_and_worth_it():
+  # Inference is expensive (20 ms) and the other env is due in 1 ms:
+  # 2 / (1 + 20) ms beats 1 / 20 ms, so it waits about 1 ms.
+  policy, t = trained([0, 1], step_time=0.010, inference=0.020)
+  policy.observe_reply(1, t + 0.001)  # Env 1 got its reply 1 ms later.
+  now = t + 0.010
+  decision = policy.decide([Req(now, 0)], now)
+  assert isinstance(decision, float)
+  assert decision == pytest.approx(0.001, abs=2e-4)
+  # When it arrives, both go in one batch.
+  decision = policy.decide([Req(now, 0), Req(now + 0.001, 1)], now + 0.001)
+  assert decision == cutoff.Cut(2, 'optimum')
+
+
+def test_cuts_when_waiting_is_not_worth_it():
+  # Inference is cheap (0.5 ms) and the next env is 8 ms away: waiting
+  # would serve 2 in 8.5 ms instead of 1 in 0.5 ms.
+  policy, t = trained([0, 1], step_time=0.010, inference=0.0005)
+  policy.observe_reply(1, t + 0.008)
+  now = t + 0.010
+  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+
+
+def test_never_exceeds_latency_cap_or_max():
+  policy, t = trained(list(range(4)), step_time=0.010, inference=0.050,
+                      max_wait=0.005)
+  for env in range(4):
+    policy.observe_reply(env, t)
+  now = t + 0.010
+  # Expensive inference makes waiting attractive, but never past the cap.
+  decision = policy.decide([Req(now - 0.004, 0)], now)
+  assert isinstance(decision, float) and decision <= 0.001 + 1e-9
+  assert policy.decide([Req(now - 0.005, 0)], now) == cutoff.Cut(1, 'latency_cap')
+  small = cutoff.Preempt(1, 3, [1, 2, 4], max_wait=1.0)
+  reqs = [Req(0.0, e) for e in range(5)]
+  assert small.decide(reqs, 0.0) == cutoff.Cut(3, 'max')
+
+
+def test_forgets_dead_envs_and_ignores_late_ones():
+  policy, t = trained([0, 1, 2], step_time=0.010, inference=0.020,
+                      forget=1.0)
+  # Slightly overdue envs (within jitter + 5 ms) are expected right away.
+  now = t + 0.010
+  arrivals = policy._predicted_arrivals(now + 0.002, now + 1)
+  assert arrivals == pytest.approx([now + 0.002] * 3)
+  # Far overdue envs are late: not waited for.
+  late_now = t + 0.5
+  assert policy._predicted_arrivals(late_now, late_now + 1) == []
+  # After `forget` seconds of silence the env is dropped entirely.
+  policy._predicted_arrivals(t + 2.0, t + 3.0)
+  assert 2 not in policy.step and 2 not in policy.replied
+  # A new env joins the prediction once it has a step time.
+  policy.observe_reply(7, t + 2.0)
+  policy.decide([Req(t + 2.01, 7)], t + 2.01)
+  assert 7 in policy.step
+
+
+def test_min_batch_guard_waits_for_adaptive_min_wait():
+  policy = cutoff.Preempt(4, 8, [1, 2, 4, 8], inference={b: 0.010 for b in (1, 2, 4, 8)})
+  policy.observe_batch(1, 0.010)
+  # No predictions yet: the optimum is "now", but 1 < min_batch and the
+  # request has waited less than half the mean inference time.
+  decision = policy.decide([Req(0.0, 0)], 0.001)
+  assert isinstance(decision, float) and decision == pytest.approx(0.004)
+  assert policy.decide([Req(0.0, 0)], 0.005) == cutoff.Cut(1, 'optimum')
+
+
+def test_ver_rule():
+  policy = cutoff.VER(3, 6, min_wait=0.01, max_wait=0.05)
+  assert policy.decide([Req(0.0, 0)], 0.0) == pytest.approx(0.01)
+  assert policy.decide([Req(0.0, e) for e in range(3)], 0.0) == cutoff.Cut(3, 'min')
+  assert policy.decide([Req(0.0, 0)], 0.011) == cutoff.Cut(1, 'min_wait')
+  policy.observe_batch(2, 0.004)
+  assert policy.min_wait == pytest.approx(0.002)
+  assert policy.decide([Req(0.0, e) for e in range(9)], 0.0) == cutoff.Cut(6, 'max')
+
+
+def test_make_cutoff_modes():
+  from dreamer_ver import config as configlib
+  cfg = configlib.compose(['debug'])
+  for mode, cls in [('fixed', cutoff.Fixed), ('ver', cutoff.VER),
+                    ('preempt', cutoff.Preempt)]:
+    run = configlib.override(cfg, {'run.actor_cutoff': mode}).run
+    assert isinstance(cutoff.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
+  fixed = cutoff.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
+  assert isinstance(fixed, cutoff.Preempt)  # the default
+  assert fixed.min_batch == 3 and fixed.max_batch == 5
