@@ -145,6 +145,13 @@ class Actor:
     trans['version'] = np.full((n,), version, np.int64)
     return trans
 
+  def max_request_bytes(self, margin=1 << 20):
+    """The largest legal request: two observations plus a margin for the
+    packing and `log/` keys. Larger frames are refused before buffering."""
+    obs = sum(int(np.prod(s.shape)) * s.dtype.itemsize
+              for s in self.obs_space.values())
+    return 2 * obs + margin
+
   # -------------------------------------------------------------- helpers
 
   def _step_fn(self, params, table, slots, obs, key):

@@ -11,7 +11,7 @@ from portal.client_socket import Disconnected
 
 from dreamer_ver.envs import make_env
 from dreamer_ver.runtime.env_client import EnvClient
-from dreamer_ver.runtime.process import StopSignal
+from dreamer_ver.runtime.process import StopSignal, handshake
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -20,7 +20,7 @@ def run_env(config, envid, is_eval=False, stop=None):
   env = make_env(config.task, config.env, seed=config.seed * 100_000 + envid)
   reset = {k: np.zeros(s.shape, s.dtype) for k, s in env.act_space.items()}
   reset['reset'] = np.bool_(True)
-  client = EnvClient(config.run.actor_addr)
+  client = EnvClient(config.run.actor_addr, handshake(config))
   client.connect(stop)
   action = reset
   while not stop:

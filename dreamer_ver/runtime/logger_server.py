@@ -317,7 +317,7 @@ def serve_logger(config, stop=None):
   addr = config.run.logger_addr
   _, port = split_addr(addr)
   server = portal.Server(
-      port, 'Logger', workers=1, errors=False, **server_kwargs(addr))
+      port, 'Logger', workers=1, errors=False, **server_kwargs(addr, config))
   server.bind('add', service.add)  # Both on the shared single worker.
   server.bind('tran', service.tran)
   server.start(block=False)

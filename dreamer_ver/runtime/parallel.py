@@ -28,7 +28,8 @@ from dreamer_ver.runtime.batcher import BatchServer
 from dreamer_ver.runtime.env_worker import run_env
 from dreamer_ver.runtime.learner import Checkpoint, Learner
 from dreamer_ver.runtime.params import ParamsStore
-from dreamer_ver.runtime.process import StopSignal, fill_auto_ports
+from dreamer_ver.runtime.process import (
+    StopSignal, client_kwargs, fill_auto_ports, server_kwargs, with_token)
 
 SHUTDOWN_SECONDS = 15
 
@@ -37,7 +38,7 @@ SHUTDOWN_SECONDS = 15
 
 def parallel(config):
   """All components on this machine; the agent runs in this process."""
-  config = _with_ports(config)
+  config = with_token(_with_ports(config))
   run = config.run
   children = Children()
   children.start('logger', 'dreamer_ver.runtime.logger_server:serve_logger',
@@ -62,10 +63,12 @@ def parallel(config):
 
 
 def parallel_env(config):
+  config = with_token(config)
   return run_env(config, config.replica, config.replica >= config.run.envs)
 
 
 def parallel_envs(config):
+  config = with_token(config)
   run = config.run
   children = Children()
   for i in range(run.envs + run.eval_envs):
@@ -81,12 +84,12 @@ def parallel_envs(config):
 
 def parallel_replay(config):
   from dreamer_ver.runtime.replay_server import serve_replay
-  return serve_replay(config)
+  return serve_replay(with_token(config))
 
 
 def parallel_logger(config):
   from dreamer_ver.runtime.logger_server import serve_logger
-  return serve_logger(config)
+  return serve_logger(with_token(config))
 
 
 def parallel_agent(config, children=None):
@@ -95,6 +98,7 @@ def parallel_agent(config, children=None):
   Returns once `run.steps` env steps are served or on SIGINT/SIGTERM, after
   saving the agent checkpoint.
   """
+  config = with_token(config)
   run = config.run
   stop = StopSignal()
   env = make_env(config.task, config.env)
@@ -115,24 +119,30 @@ def parallel_agent(config, children=None):
   actor = Actor(
       agent, store, slots=max(envs, max_batch), buckets=_buckets(run, max_batch),
       seed=config.seed,
-      replay=portal.Client(run.replay_addr, 'ActorReplay', maxinflight=8),
-      logger=portal.Client(run.logger_addr, 'ActorLogger', maxinflight=8))
+      replay=portal.Client(
+          run.replay_addr, 'ActorReplay', maxinflight=8, **client_kwargs(config)),
+      logger=portal.Client(
+          run.logger_addr, 'ActorLogger', maxinflight=8, **client_kwargs(config)))
   actor.served = counters['steps']
   inference = actor.compile()
   print('Policy compiled; inference ms per bucket:',
         {k: round(v * 1000, 2) for k, v in inference.items()})
 
-  logger = portal.Client(run.logger_addr, 'LearnerLogger', maxinflight=2)
+  logger = portal.Client(
+      run.logger_addr, 'LearnerLogger', maxinflight=2, **client_kwargs(config))
   learner = Learner(
       agent, state, store, config,
-      replay=portal.Client(run.replay_addr, 'LearnerReplay', maxinflight=8),
+      replay=portal.Client(
+          run.replay_addr, 'LearnerReplay', maxinflight=8, **client_kwargs(config)),
       logger=logger, ckpt=ckpt, counters=counters)
   clients = (actor.replay, actor.logger, learner.replay, logger)
   done = lambda: bool(stop) or actor.served >= run.steps
   server = BatchServer(
       run.actor_addr, actor.handle,
       cutofflib.make_cutoff(run, envs, actor.buckets, inference),
-      postfn=actor.post, workers=run.actor_threads, name='Actor')
+      postfn=actor.post, workers=run.actor_threads, name='Actor',
+      max_msg_size=actor.max_request_bytes(),
+      **server_kwargs(run.actor_addr, config))
   server.start()
 
   def learn():

@@ -1,13 +1,25 @@
-"""What every runtime process shares: addresses and a graceful stop.
+"""What every runtime process shares: addresses, the run token, and a
+graceful stop.
 
 Servers bind to the host named in their `host:port` address, so a
-single-machine run (`localhost:...`) listens on loopback only; binding to all
-interfaces happens only for an explicit non-local host such as `0.0.0.0`.
+single-machine run (`localhost:...`) listens on loopback only; binding to
+other interfaces happens only for a non-local address or an explicit
+`run.bind_host` (e.g. `0.0.0.0` on a multi-host run).
+
+Every server of a run only accepts clients that present the run's token in
+the connection handshake. The token comes from `run.token`, else the
+DREAMER_VER_TOKEN environment variable, else `logdir/token` (created with
+owner-only permissions by the first component that needs it).
 """
 
+import os
+import secrets
 import signal
 import socket
 import threading
+from pathlib import Path
+
+TOKEN_ENV = 'DREAMER_VER_TOKEN'
 
 
 def split_addr(addr):
@@ -33,9 +45,49 @@ def bind_host(addr):
   return host
 
 
-def server_kwargs(addr):
-  """Keyword arguments for portal.Server / portal.ServerSocket."""
-  return dict(host=bind_host(addr), ipv6=':' in bind_host(addr))
+def server_kwargs(addr, config=None):
+  """Keyword arguments for portal.Server / portal.ServerSocket: the bind
+  interface and, given the run's config, the token handshake."""
+  host = (config is not None and config.run.bind_host) or bind_host(addr)
+  kwargs = dict(host=host, ipv6=':' in host)
+  if config is not None:
+    kwargs['handshake'] = handshake(config)
+  return kwargs
+
+
+def client_kwargs(config):
+  """Keyword arguments for portal.Client (and EnvClient) of a run."""
+  return dict(handshake=handshake(config))
+
+
+def handshake(config):
+  token = config.run.token
+  return f'dreamer_ver:{token}' if token else 'portal_handshake'
+
+
+def with_token(config):
+  """The config with `run.token` filled in (see the module docstring)."""
+  token = config.run.token or os.environ.get(TOKEN_ENV, '')
+  if not token:
+    token = _logdir_token(Path(config.logdir))
+  return config.update({'run.token': token})
+
+
+def _logdir_token(logdir):
+  path = logdir / 'token'
+  if not path.exists():
+    logdir.mkdir(parents=True, exist_ok=True)
+    tmp = logdir / f'.token.{os.getpid()}'
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, 'w') as f:
+      f.write(secrets.token_hex(16))
+    try:
+      os.link(tmp, path)  # Atomic: if another component won, keep theirs.
+    except FileExistsError:
+      pass
+    finally:
+      tmp.unlink()
+  return path.read_text().strip()
 
 
 def free_port():

@@ -38,7 +38,8 @@ import numpy as np
 from dreamer_ver.replay import (
     Mixture, Prioritized, Recency, Replay, SamplesPerInsert, Uniform,
     Unlimited)
-from dreamer_ver.runtime.process import StopSignal, server_kwargs, split_addr
+from dreamer_ver.runtime.process import (
+    StopSignal, client_kwargs, server_kwargs, split_addr)
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
@@ -373,11 +374,13 @@ def serve_replay(config, stop=None):
       f'eval sequences from {service.logdir}', flush=True)
   addr = config.run.replay_addr
   _, port = split_addr(addr)
-  server = portal.Server(port, 'Replay', errors=False, **server_kwargs(addr))
+  server = portal.Server(
+      port, 'Replay', errors=False, **server_kwargs(addr, config))
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
   server.start(block=False)
-  logger = LoggerLink(config.run.logger_addr, 'ReplayLogger')
+  logger = LoggerLink(
+      config.run.logger_addr, 'ReplayLogger', **client_kwargs(config))
   save_every, log_every = config.run.save_every, config.run.log_every
   last_save = last_log = time.monotonic()
   saved_activity = service.activity
@@ -414,11 +417,11 @@ class LoggerLink:
   caller's thread, which portal expects to own its sockets.
   """
 
-  def __init__(self, addr, name):
+  def __init__(self, addr, name, **kwargs):
     import portal
     self.name = name
     self.dropped = 0
-    self._client = portal.Client(addr, name, maxinflight=1)
+    self._client = portal.Client(addr, name, maxinflight=1, **kwargs)
     self._pending = None
     self._closed = False
     self._cond = threading.Condition()

@@ -1,0 +1,97 @@
+"""Who may connect: loopback binding, the run token, and frame size limits."""
+
+import os
+import socket
+import stat
+import time
+
+import numpy as np
+import pytest
+from portal.client_socket import Disconnected
+
+from dreamer_ver import config as configlib
+from dreamer_ver.runtime import cutoff
+from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.env_client import EnvClient
+from dreamer_ver.runtime.process import (
+    StopSignal, free_port, handshake, server_kwargs, with_token)
+
+
+def _config(tmp_path, token=''):
+  return configlib.compose(['debug'], {
+      'logdir': str(tmp_path), 'run.token': token})
+
+
+def _echo_server(port, config, **kwargs):
+  def handler(requests):
+    return [{'y': np.asarray(r.data['x']) * 2} for r in requests]
+  server = BatchServer(f'127.0.0.1:{port}', handler, cutoff.MinMaxTimeout(1, 4, 0.001),
+                       **server_kwargs(f'127.0.0.1:{port}', config), **kwargs)
+  return server.start() or server
+
+
+def test_token_is_made_once_per_run_with_owner_only_permissions(tmp_path, monkeypatch):
+  monkeypatch.delenv('DREAMER_VER_TOKEN', raising=False)
+  first = with_token(_config(tmp_path)).run.token
+  again = with_token(_config(tmp_path)).run.token
+  assert first == again and len(first) == 32
+  mode = stat.S_IMODE(os.stat(tmp_path / 'token').st_mode)
+  assert mode == 0o600
+  assert with_token(_config(tmp_path, 'given')).run.token == 'given'
+  monkeypatch.setenv('DREAMER_VER_TOKEN', 'fromenv')
+  assert with_token(_config(tmp_path / 'other')).run.token == 'fromenv'
+
+
+def test_localhost_binds_loopback_only(tmp_path):
+  config = _config(tmp_path)
+  assert server_kwargs('localhost:1234', config)['host'] == '127.0.0.1'
+  multi = configlib.override(config, {'run.bind_host': '0.0.0.0'})
+  assert server_kwargs('myhost:1234', multi)['host'] == '0.0.0.0'
+
+
+def test_wrong_token_is_refused_right_token_served(tmp_path):
+  port = free_port()
+  server = _echo_server(port, _config(tmp_path, 'right'))
+  stop = StopSignal(install=False)
+  good = EnvClient(f'127.0.0.1:{port}', handshake(_config(tmp_path, 'right')))
+  bad = EnvClient(f'127.0.0.1:{port}', handshake(_config(tmp_path, 'wrong')))
+  try:
+    assert good.connect(stop) and bad.connect(stop)
+    with pytest.raises(Disconnected):
+      bad.call('act', {'x': np.ones(2)}, stop=stop)
+    reply = good.call('act', {'x': np.ones(2)}, stop=stop)
+    np.testing.assert_array_equal(reply['y'], [2, 2])
+  finally:
+    good.close()
+    bad.close()
+    server.close()
+
+
+def test_oversized_frame_is_refused_before_buffering(tmp_path):
+  port = free_port()
+  config = _config(tmp_path, 'tok')
+  server = _echo_server(port, config, max_msg_size=4096)
+  stop = StopSignal(install=False)
+  good = EnvClient(f'127.0.0.1:{port}', handshake(config))
+  try:
+    raw = socket.create_connection(('127.0.0.1', port), timeout=5)
+    raw.sendall(handshake(config).encode())
+    raw.sendall((1 << 40).to_bytes(8, 'little'))  # Claims a 1 TiB message.
+    raw.settimeout(5)
+    start = time.monotonic()
+    try:
+      closed = raw.recv(1) == b''
+    except ConnectionResetError:
+      closed = True
+    assert closed and time.monotonic() - start < 5
+    raw.close()
+    # Too large but well framed: refused the same way, others still served.
+    assert good.connect(stop)
+    with pytest.raises(Disconnected):
+      good.call('act', {'x': np.zeros(10_000)}, stop=stop)
+    assert good.connect(stop)
+    reply = good.call('act', {'x': np.ones(3)}, stop=stop)
+    np.testing.assert_array_equal(reply['y'], [2, 2, 2])
+  finally:
+    good.close()
+    server.close()
