@@ -14,12 +14,16 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--run.log_every', '2', '--run.save_every', '5']
 
 
-def _spawned_children():
-  """PIDs of multiprocessing children alive on this machine."""
-  out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True,
-                       text=True).stdout
-  return {line.split()[0] for line in out.splitlines()
-          if 'multiprocessing.spawn' in line}
+def _children_alive(logdir):
+  """Child processes of the run (from `logdir/pids`) still alive."""
+  alive = []
+  for path in (logdir / 'pids').glob('*'):
+    try:
+      os.kill(int(path.read_text()), 0)
+      alive.append(path.name)
+    except ProcessLookupError:
+      pass
+  return alive
 
 
 def _run(args, timeout=300):
@@ -37,7 +41,6 @@ def _main(*args):
 
 def test_parallel_runs_to_steps_then_resumes(tmp_path):
   logdir = tmp_path / 'run'
-  before = _spawned_children()
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),
                     '--run.steps', '300', *FLAGS)
   assert code == 0, out[-3000:]
@@ -53,7 +56,8 @@ def test_parallel_runs_to_steps_then_resumes(tmp_path):
           'replay/items'} <= keys, sorted(keys)
   scores = [json.loads(l) for l in (logdir / 'scores.jsonl').open()]
   assert scores and all(s['length'] == 20 for s in scores)
-  assert _spawned_children() <= before, 'child processes left behind'
+  assert (logdir / 'pids' / 'replay').exists()
+  assert not _children_alive(logdir), 'child processes left behind'
 
   logger_step = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),

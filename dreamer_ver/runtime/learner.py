@@ -11,6 +11,7 @@ from pathlib import Path
 
 import elements
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dreamer_ver.agent import checkpoint
@@ -80,6 +81,34 @@ class Learner:
     self.counters = counters  # shared with the agent loop: steps, version
     self.carry = agent.init_carry(config.batch_size)
     self.metrics = collections.defaultdict(list)
+
+  def compile(self):
+    """Compiles train and report on zero batches of the replay's shapes, so
+    the learner never compiles mid-run (a compile cannot be interrupted,
+    which would hold up a shutdown)."""
+    cfg = self.config
+    train = self.zero_batch(cfg.batch_length + cfg.replay_context)
+    report = self.zero_batch(cfg.report_length + cfg.replay_context)
+    state = jax.tree.map(jnp.copy, self.state)  # train donates its state
+    outs = self.agent.train(state, self.carry, train)
+    jax.block_until_ready((outs, self.agent.report(self.state, report)))
+
+  def zero_batch(self, length):
+    """A batch of zeros with exactly the keys, shapes and dtypes the replay
+    server returns: the actor's transitions plus stepid and consec."""
+    B = self.config.batch_size
+    rssm = self.config.agent.rssm
+    spaces = {k: v for k, v in self.agent.obs_space.items()
+              if not k.startswith('log/')}
+    spaces.update(self.agent.act_space)
+    batch = {k: np.zeros((B, length, *s.shape), s.dtype)
+             for k, s in spaces.items()}
+    batch['dyn/deter'] = np.zeros((B, length, rssm.deter), np.float32)
+    batch['dyn/stoch'] = np.zeros(
+        (B, length, rssm.stoch, rssm.classes), np.float32)
+    batch['stepid'] = np.zeros((B, length, 20), np.uint8)
+    batch['consec'] = np.zeros((B, length), np.int32)
+    return batch
 
   def run(self, stop):
     """Trains until `stop()` is true."""

@@ -13,9 +13,13 @@ Components find each other by `run.actor_addr`, `run.replay_addr` and
 are served, or on SIGINT/SIGTERM; every component saves before it exits.
 """
 
+import collections
+import importlib
 import multiprocessing
+import os
 import threading
 import time
+from pathlib import Path
 
 import elements
 import portal
@@ -40,7 +44,7 @@ def parallel(config):
   """All components on this machine; the agent runs in this process."""
   config = with_token(_with_ports(config))
   run = config.run
-  children = Children()
+  children = Children(run.restart_envs)
   children.start('logger', 'dreamer_ver.runtime.logger_server:serve_logger',
                  config)
   if not run.remote_replay:
@@ -54,7 +58,7 @@ def parallel(config):
     if run.agent_process:
       children.start('agent', 'dreamer_ver.runtime.parallel:parallel_agent',
                      config)
-      code = children.wait_for('agent')
+      code = children.wait_for('agent', StopSignal())
     else:
       code = parallel_agent(config, children=children)
   finally:
@@ -70,13 +74,14 @@ def parallel_env(config):
 def parallel_envs(config):
   config = with_token(config)
   run = config.run
-  children = Children()
+  children = Children(run.restart_envs)
   for i in range(run.envs + run.eval_envs):
     envid = run.envid_offset + i
     children.start(f'env{envid}', 'dreamer_ver.runtime.env_worker:run_env',
                    config, envid, i >= run.envs)
   stop = StopSignal()
-  while not stop and children.alive():
+  while not stop:
+    children.supervise()
     stop.wait(0.5)
   children.stop_all()
   return 0
@@ -136,6 +141,8 @@ def parallel_agent(config, children=None):
           run.replay_addr, 'LearnerReplay', maxinflight=8, **client_kwargs(config)),
       logger=logger, ckpt=ckpt, counters=counters)
   clients = (actor.replay, actor.logger, learner.replay, logger)
+  learner.compile()
+  print('Learner compiled.')
   done = lambda: bool(stop) or actor.served >= run.steps
   server = BatchServer(
       run.actor_addr, actor.handle,
@@ -161,7 +168,7 @@ def parallel_agent(config, children=None):
   last = actor.served
   while not done():
     if children is not None:
-      children.check()
+      children.supervise()
     stop.wait(0.2)
     fps.step(actor.served - last)
     last = actor.served
@@ -204,49 +211,81 @@ def _buckets(run, max_batch):
   return sizes + [max_batch]
 
 
-def _call(target, config, *args):
-  """Child process entry: import `module:function` and exit with its code."""
-  import importlib
-  module, name = target.split(':')
-  fn = getattr(importlib.import_module(module), name)
+def _call(name, target, config, *args):
+  """Child process entry: record the pid as `logdir/pids/<name>` (for
+  operators and fault tests), import `module:function`, exit with its code."""
+  pids = Path(config.logdir) / 'pids'
+  pids.mkdir(parents=True, exist_ok=True)
+  (pids / name).write_text(str(os.getpid()))
+  module, function = target.split(':')
+  fn = getattr(importlib.import_module(module), function)
   raise SystemExit(fn(config, *args) or 0)
 
 
 class Children:
-  """Child processes started with 'spawn'; stopped with SIGTERM, then
-  killed if they are still alive after SHUTDOWN_SECONDS."""
+  """Child processes started with 'spawn'.
 
-  def __init__(self):
+  `supervise()` restarts children that died (env processes only when
+  `restart_envs`), waiting an exponential backoff per child so a process
+  that keeps crashing does not spin. `stop_all()` sends SIGTERM and kills
+  what is still alive after SHUTDOWN_SECONDS.
+  """
+
+  SERVERS = ('replay', 'logger')
+
+  def __init__(self, restart_envs=True, backoff=(1.0, 30.0)):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
+    self.specs = {}
+    self.restart_envs = restart_envs
+    self.backoff = backoff
+    self.restarts = collections.Counter()
+    self.due = {}  # name -> time a dead child may be restarted
 
   def start(self, name, target, config, *args):
     proc = self.context.Process(
-        target=_call, args=(target, config, *args), name=name, daemon=False)
+        target=_call, args=(name, target, config, *args), name=name,
+        daemon=False)
     proc.start()
     self.procs[name] = proc
+    self.specs[name] = (target, config, *args)
     return proc
 
   def alive(self):
     return any(p.is_alive() for p in self.procs.values())
 
-  def check(self):
-    """Raises if a server process died: the run cannot go on without it."""
-    for name in ('replay', 'logger'):
-      proc = self.procs.get(name)
-      if proc is not None and proc.exitcode not in (None, 0):
-        raise RuntimeError(f'{name} process exited with code {proc.exitcode}')
+  def supervise(self):
+    """Restarts dead children whose backoff has passed."""
+    now = time.monotonic()
+    for name, proc in list(self.procs.items()):
+      if proc.is_alive() or (name == 'agent'):
+        continue
+      if name not in self.SERVERS and not self.restart_envs:
+        continue
+      if name not in self.due:
+        delay = min(self.backoff[1],
+                    self.backoff[0] * 2 ** self.restarts[name])
+        self.due[name] = now + delay
+        print(f'{name} exited with code {proc.exitcode}; restarting in '
+              f'{delay:.0f} s.')
+        continue
+      if now >= self.due[name]:
+        del self.due[name]
+        self.restarts[name] += 1
+        self.start(name, *self.specs[name])
 
-  def wait_for(self, name):
+  def wait_for(self, name, stop):
     proc = self.procs[name]
-    proc.join()
-    return proc.exitcode
+    while proc.is_alive() and not stop:
+      self.supervise()
+      proc.join(0.2)
+    return proc.exitcode if not proc.is_alive() else 0
 
   def stop_all(self):
     # Envs first, so nothing new reaches replay and logger while they save.
-    order = sorted(self.procs, key=lambda n: (n in ('replay', 'logger'), n))
-    for group in ([n for n in order if n not in ('replay', 'logger')],
-                  [n for n in order if n in ('replay', 'logger')]):
+    others = [n for n in self.procs if n not in self.SERVERS]
+    servers = [n for n in self.procs if n in self.SERVERS]
+    for group in (others, servers):
       for name in group:
         if self.procs[name].is_alive():
           self.procs[name].terminate()
