@@ -30,6 +30,7 @@ SCRIPTS = {
     'parallel_replay': 'dreamer_ver.runtime.parallel:parallel_replay',
     'parallel_logger': 'dreamer_ver.runtime.parallel:parallel_logger',
     'parallel_agent': 'dreamer_ver.runtime.parallel:parallel_agent',
+    'eval_only': 'dreamer_ver.runtime.evaluate:eval_only',
 }
 
 # Scripts that run only env processes: they neither create the logdir nor

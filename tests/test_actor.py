@@ -15,7 +15,7 @@ from dreamer_ver.envs import make_env
 from dreamer_ver.runtime import cutoff
 from dreamer_ver.runtime.actor import Actor
 from dreamer_ver.runtime.batcher import BatchServer
-from dreamer_ver.runtime.env_worker import run_env
+from dreamer_ver.runtime.env_worker import run_envs
 from dreamer_ver.runtime.params import ParamsStore
 from dreamer_ver.runtime.process import free_port
 
@@ -58,7 +58,10 @@ def _fleet_config(port, envs):
       'env.synthetic.length': 25})
 
 
-def test_carries_follow_their_env_across_varying_batches():
+@pytest.mark.parametrize('per_worker', [1, 3])
+def test_carries_follow_their_env_across_varying_batches(per_worker):
+  """Also with several envs per worker process, whose requests carry one
+  row per env and are split into rows for the batcher (double buffered)."""
   envs, port = 6, free_port()
   config = _fleet_config(port, envs)
   env = make_env(config.task, config.env)
@@ -73,7 +76,9 @@ def test_carries_follow_their_env_across_varying_batches():
       postfn=actor.post, name='TestActor')
   server.start()
   ctx = multiprocessing.get_context('spawn')
-  procs = [ctx.Process(target=run_env, args=(config, i)) for i in range(envs)]
+  groups = [list(range(i, i + per_worker)) for i in range(0, envs, per_worker)]
+  procs = [ctx.Process(target=run_envs, args=(config, group))
+           for group in groups]
   try:
     for proc in procs:
       proc.start()

@@ -397,3 +397,26 @@ def test_server_binds_loopback_for_localhost():
     assert server.socket.addr[0] == '127.0.0.1'
   finally:
     server.close(timeout=TIMEOUT)
+
+
+def test_multi_env_call_is_split_into_rows_and_replied_stacked():
+  seen = []
+
+  def handler(requests):
+    seen.append(sorted(r.envid for r in requests))
+    return [{'y': np.asarray(r.data['x']) * 10 + r.envid} for r in requests]
+
+  # max 2 rows per batch: a 3-env call must span two batches.
+  with serving(handler, cutofflib.MinMaxTimeout(1, 2, 0.0)) as (_, addr):
+    with connected(addr) as (client,):
+      data = {'envid': np.array([4, 5, 6]), 'x': np.array([1.0, 2.0, 3.0])}
+      reply = result(client.act(data))
+      np.testing.assert_array_equal(reply['y'], [14, 25, 36])
+      assert sorted(e for batch in seen for e in batch) == [4, 5, 6]
+      assert max(len(b) for b in seen) <= 2
+      bad = {'envid': np.array([1, 2]), 'x': np.zeros(3)}
+      with pytest.raises(RuntimeError, match="'x' has shape"):
+        result(client.act(bad))
+      # The connection keeps working after the error.
+      reply = result(client.act({'envid': np.int64(9), 'x': np.float64(1.0)}))
+      assert float(reply['y']) == 19.0

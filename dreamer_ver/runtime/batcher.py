@@ -40,12 +40,42 @@ class Request:
   `data` is the caller's dict of numpy arrays; the arrays are read-only views
   into the receive buffer (copy before writing). `envid` is the integer under
   the server's `envid_key` when the request carries one, else `addr`.
+
+  A call whose `envid` is a vector carries several envs (an env worker with
+  `run.envs_per_worker > 1`): it is split into one Request per env, sharing
+  a `group`, so the cutoff and the handler see every env as its own row. The
+  caller gets one reply, the rows' replies stacked, once all rows are served.
   """
   addr: tuple
   reqnum: bytes
   data: dict
   arrival: float
   envid: object = None
+  group: object = None
+  index: int = 0
+
+
+class Group:
+  """The rows of one multi-env call and their replies so far."""
+
+  def __init__(self, envids):
+    self.envids = envids
+    self.replies = [None] * len(envids)
+    self.missing = len(envids)
+
+  def fill(self, index, reply):
+    """Stores a row's reply; True once every row has one."""
+    self.replies[index] = reply
+    self.missing -= 1
+    return self.missing == 0
+
+  def result(self):
+    """The stacked reply, or the first row's error for the whole call."""
+    for reply in self.replies:
+      if isinstance(reply, BaseException):
+        return reply
+    keys = self.replies[0].keys()
+    return {k: np.stack([np.asarray(r[k]) for r in self.replies]) for k in keys}
 
 
 class BatchServer:
@@ -149,8 +179,8 @@ class BatchServer:
           messages.append(self.socket.recv(timeout=0))
         except TimeoutError:
           break
-      requests = [self._decode(addr, msg) for addr, msg in messages]
-      requests = [r for r in requests if r is not None]
+      requests = [r for addr, msg in messages
+                  for r in self._decode(addr, msg)]
       with self._cond:
         live = [r for r in requests if r.addr in self.socket.conns]
         self._stats.requests += len(requests)
@@ -160,12 +190,13 @@ class BatchServer:
         self._cond.notify_all()
 
   def _decode(self, addr, msg):
-    """A Request, or None after sending the caller an error."""
+    """The call's Requests (one per env row); none after sending the caller
+    an error."""
     arrival = time.monotonic()
     if len(msg) < 16:
       self._send_error(addr, bytes(msg[:8]).ljust(8, b'\0'), 1,
                        'Message too short')
-      return None
+      return []
     reqnum = bytes(msg[:8])
     try:
       size = int.from_bytes(msg[8:16], 'little')
@@ -177,18 +208,41 @@ class BatchServer:
       args = packlib.unpack(payload)
     except Exception:
       self._send_error(addr, reqnum, 2, 'Could not decode message')
-      return None
+      return []
     if name != self.method:
       self._send_error(addr, reqnum, 3, f'Unknown method {name}')
-      return None
+      return []
     problem = _check_args(args)
     if problem:
       self._send_error(addr, reqnum, 4, (
           f'{self.method}() expects one argument, a dict of numpy arrays; '
           f'got {problem}'))
-      return None
+      return []
     data = args[0]
-    return Request(addr, reqnum, data, arrival, self._envid(addr, data))
+    rows = self._rows(data)
+    if rows is None:
+      return [Request(addr, reqnum, data, arrival, self._envid(addr, data))]
+    if isinstance(rows, str):
+      self._send_error(addr, reqnum, 4, rows)
+      return []
+    rows = [{k: v[i] for k, v in data.items()} for i in range(rows)]
+    group = Group([self._envid(addr, row) for row in rows])
+    return [Request(addr, reqnum, row, arrival, envid, group, i)
+            for i, (row, envid) in enumerate(zip(rows, group.envids))]
+
+  def _rows(self, data):
+    """None for a one-env call, the row count for a multi-env call, or an
+    error message when the rows do not line up."""
+    envids = data.get(self.envid_key) if self.envid_key else None
+    if envids is None or envids.ndim != 1:
+      return None
+    rows = len(envids)
+    for key, value in data.items():
+      if value.ndim < 1 or len(value) != rows:
+        return (f'a call with {rows} env ids needs every value to have '
+                f'{rows} rows; {key!r} has shape {list(value.shape)}')
+    return rows if rows else 'a multi-env call needs at least one env id'
+
 
   def _envid(self, addr, data):
     value = data.get(self.envid_key) if self.envid_key else None
@@ -253,14 +307,21 @@ class BatchServer:
       traceback.print_exc()
       replies = [e] * len(batch)
     inference = time.monotonic() - start
-    sent, errors = [], 0
+    sent, errors, replied = [], 0, []  # replied: env ids whose call is done
     for request, reply in zip(batch, replies):
-      errors += not self._reply(request, reply)
+      if request.group is None:
+        errors += not self._reply(request, reply)
+        replied.append(request.envid)
+      elif request.group.fill(request.index, reply):
+        # The call's last row: send the stacked reply of all its rows.
+        errors += not self._reply(request, request.group.result())
+        replied.extend(request.group.envids)
       sent.append(time.monotonic())
     with self._cond:
       self.cutoff.observe_batch(len(batch), inference)
-      for request, when in zip(batch, sent):
-        self.cutoff.observe_reply(request.envid, when)
+      now = time.monotonic()
+      for envid in replied:
+        self.cutoff.observe_reply(envid, now)
       self._stats.served(batch, sent, inference, errors)
       self._cond.notify_all()
     if self.postfn:

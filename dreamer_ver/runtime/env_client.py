@@ -1,7 +1,8 @@
 """A blocking client for portal's wire protocol, for env processes.
 
-An env worker has exactly one request in flight, so it needs no background
-thread: it sends a frame and waits for the reply on the same socket. This
+An env worker has at most two requests in flight (one per half of its envs),
+so it needs no background thread: it sends frames and reads the replies on
+the same socket when it needs them. This
 keeps an idle env process at zero CPU (portal.Client's socket thread can keep
 spinning after a reply until the next send) and saves a thread hop per step.
 The frames are portal's (8-byte length, request number, method name, packed
@@ -28,6 +29,7 @@ class EnvClient:
     self.max_msg_size = max_msg_size
     self.sock = None
     self.reqnums = itertools.count()
+    self.early = {}  # replies that arrived before they were asked for
 
   def connect(self, stop, retry=0.1):
     """Retries until connected; returns False if `stop` (a StopSignal) was
@@ -45,10 +47,12 @@ class EnvClient:
       return True
     return False
 
-  def call(self, method, *args, stop=None, poll=0.5):
-    """Sends one request and waits for its reply. Returns None once `stop`
-    is set while waiting; raises Disconnected if the server goes away and
-    RuntimeError with the server's message for an error reply."""
+  def call(self, method, *args, stop=None):
+    """Sends one request and waits for its reply (see `send` and `recv`)."""
+    return self.recv(self.send(method, *args), stop)
+
+  def send(self, method, *args):
+    """Sends a request; returns its number for `recv`."""
     if self.sock is None:
       raise Disconnected
     reqnum = next(self.reqnums).to_bytes(8, 'little')
@@ -59,22 +63,35 @@ class EnvClient:
     try:
       self.sock.settimeout(None)
       self.sock.sendmsg([size.to_bytes(8, 'little'), *parts])
-      self.sock.settimeout(poll)
-      reply = self._recv_frame(stop)
-    except (OSError, EOFError) as e:
+    except OSError as e:
       self.close()
       raise Disconnected from e
-    if reply is None:
-      return None
-    if bytes(reply[:8]) != reqnum:
-      self.close()
-      raise Disconnected('reply to an unexpected request number')
+    return reqnum
+
+  def recv(self, reqnum, stop=None, poll=0.5):
+    """Waits for the reply to `reqnum`. Returns None once `stop` is set while
+    waiting; raises Disconnected if the server goes away and RuntimeError
+    with the server's message for an error reply."""
+    while reqnum not in self.early:
+      if self.sock is None:
+        raise Disconnected
+      try:
+        self.sock.settimeout(poll)
+        reply = self._recv_frame(stop)
+      except (OSError, EOFError) as e:
+        self.close()
+        raise Disconnected from e
+      if reply is None:
+        return None
+      self.early[bytes(reply[:8])] = reply
+    reply = self.early.pop(reqnum)
     status = int.from_bytes(reply[8:16], 'little')
     if status:
       raise RuntimeError(bytes(reply[16:]).decode('utf-8', 'replace'))
     return packlib.unpack(reply[16:])
 
   def close(self):
+    self.early.clear()
     if self.sock is not None:
       self.sock.close()
       self.sock = None

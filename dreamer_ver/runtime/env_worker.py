@@ -1,9 +1,12 @@
-"""An env process: steps one env and asks the actor for every action.
+"""An env process: steps its envs and asks the actor for every action.
 
-It never imports JAX, so it starts fast and stays small. Each env has exactly
-one request in flight (see `env_client`). When the actor goes away the worker
-reconnects by itself and starts a fresh episode, so the actor sees
-`is_first` and resets that env's carry.
+It never imports JAX, so it starts fast and stays small. With one env it has
+one request in flight. With several (`run.envs_per_worker`), the envs travel
+in one request per half on one connection, and the halves alternate: one
+half steps while the other waits for its actions (double buffering). The
+actor still treats every env as its own row. When the actor goes away the
+worker reconnects by itself and starts fresh episodes (the actor sees
+`is_first` and resets those carries).
 """
 
 import numpy as np
@@ -16,23 +19,58 @@ from dreamer_ver.runtime.process import StopSignal, handshake
 
 def run_env(config, envid, is_eval=False, stop=None):
   """Runs env `envid` until SIGINT/SIGTERM (or `stop` is set). Returns 0."""
+  return run_envs(config, [envid], is_eval, stop)
+
+
+def run_envs(config, envids, is_eval=False, stop=None):
+  """Runs the envs `envids` in this process until SIGINT/SIGTERM."""
   stop = stop or StopSignal()
-  env = make_env(config.task, config.env, seed=config.seed * 100_000 + envid)
-  reset = {k: np.zeros(s.shape, s.dtype) for k, s in env.act_space.items()}
-  reset['reset'] = np.bool_(True)
+  envs = [make_env(config.task, config.env, seed=config.seed * 100_000 + i)
+          for i in envids]
+  n = len(envs)
+  halves = [list(range(n))] if n == 1 else [
+      list(range(n // 2)), list(range(n // 2, n))]
   client = EnvClient(config.run.actor_addr, handshake(config))
   client.connect(stop)
-  action = reset
   while not stop:
-    obs = env.step(action)
-    request = {k: np.asarray(v) for k, v in obs.items()}
-    request['envid'] = np.int64(envid)
-    request['is_eval'] = np.bool_(is_eval)
     try:
-      action = client.call('act', request, stop=stop)
+      _serve(client, envs, envids, halves, is_eval, stop)
     except Disconnected:
       client.connect(stop)
-      action = reset
   client.close()
-  env.close()
+  for env in envs:
+    env.close()
   return 0
+
+
+def _serve(client, envs, envids, halves, is_eval, stop):
+  """Steps and asks, half by half, until `stop`; every env starts with a
+  reset. Raises Disconnected when the actor goes away."""
+  reset = {k: np.zeros(s.shape, s.dtype) for k, s in envs[0].act_space.items()}
+  reset['reset'] = np.bool_(True)
+  actions = [reset] * len(envs)
+
+  def ask(half):
+    obs = [envs[i].step(actions[i]) for i in half]
+    if len(envs) == 1:
+      request = {k: np.asarray(v) for k, v in obs[0].items()}
+      request['envid'] = np.int64(envids[0])
+      request['is_eval'] = np.bool_(is_eval)
+    else:
+      request = {k: np.stack([np.asarray(o[k]) for o in obs]) for k in obs[0]}
+      request['envid'] = np.array([envids[i] for i in half], np.int64)
+      request['is_eval'] = np.full(len(half), is_eval, bool)
+    return client.send('act', request)
+
+  pending = [ask(half) for half in halves]
+  while not stop:
+    for h, half in enumerate(halves):
+      reply = client.recv(pending[h], stop)
+      if reply is None:
+        return
+      if len(envs) == 1:
+        actions[half[0]] = reply
+      else:
+        for row, i in enumerate(half):
+          actions[i] = {k: v[row] for k, v in reply.items()}
+      pending[h] = ask(half)

@@ -51,9 +51,7 @@ def parallel(config):
     children.start('replay', 'dreamer_ver.runtime.replay_server:serve_replay',
                    config)
   if not run.remote_envs:
-    for envid in range(run.envs + run.eval_envs):
-      children.start(f'env{envid}', 'dreamer_ver.runtime.env_worker:run_env',
-                     config, envid, envid >= run.envs)
+    _start_env_workers(children, config, offset=0)
   try:
     if run.agent_process:
       children.start('agent', 'dreamer_ver.runtime.parallel:parallel_agent',
@@ -73,12 +71,8 @@ def parallel_env(config):
 
 def parallel_envs(config):
   config = with_token(config)
-  run = config.run
-  children = Children(run.restart_envs)
-  for i in range(run.envs + run.eval_envs):
-    envid = run.envid_offset + i
-    children.start(f'env{envid}', 'dreamer_ver.runtime.env_worker:run_env',
-                   config, envid, i >= run.envs)
+  children = Children(config.run.restart_envs)
+  _start_env_workers(children, config, offset=config.run.envid_offset)
   stop = StopSignal()
   while not stop:
     children.supervise()
@@ -199,6 +193,21 @@ def _with_ports(config):
       'run.actor_addr': fill_auto_ports(run.actor_addr),
       'run.replay_addr': fill_auto_ports(run.replay_addr),
       'run.logger_addr': fill_auto_ports(run.logger_addr)})
+
+
+def _start_env_workers(children, config, offset):
+  """Train envs get ids offset .. offset+envs-1, eval envs the next ids;
+  each process hosts up to `run.envs_per_worker` envs of one kind."""
+  run = config.run
+  per = max(1, run.envs_per_worker)
+  for first, count, is_eval in ((0, run.envs, False),
+                                (run.envs, run.eval_envs, True)):
+    ids = [offset + first + i for i in range(count)]
+    for group in (ids[i:i + per] for i in range(0, count, per)):
+      name = f'env{group[0]}' if len(group) == 1 else (
+          f'env{group[0]}-{group[-1]}')
+      children.start(name, 'dreamer_ver.runtime.env_worker:run_envs',
+                     config, group, is_eval)
 
 
 def _buckets(run, max_batch):

@@ -1,0 +1,409 @@
+"""Score curves: ours (mean and spread across seeds) next to DreamerV3's.
+
+    python -m dreamer_ver.plot LOGDIR [LOGDIR ...] [--reference dmc_proprio]
+        [--task T] [--out FILE.png] [--bins N] [--eval] [--spread minmax|sd]
+        [--xmax STEPS] [--target SCORE] [--table STEPS ...] [--last N]
+        [--window STEPS] [--ref_xscale F] [--title T] [--label L]
+    python -m dreamer_ver.plot --reference dmc_proprio --task dmc_walker_walk
+        --table 100000 [--out FILE.png]      (the reference alone)
+
+Each LOGDIR is one seed of the same run (a logdir holding `scores.jsonl`, or a
+`scores.jsonl`-style file itself). Only finished episodes are read: train
+episodes by default, eval episodes with `--eval` (records without an `eval`
+key, as `--script train` writes them, count as train episodes).
+
+The curve: env steps from 0 to `--xmax` (default: the largest step of any
+seed) are cut into `--bins` equal bins; each seed's value in a bin is the
+mean score of the episodes that ended in it (empty bins are left out, not
+drawn as zero); the line is the mean over the seeds that have a value, the
+band their min..max (`--spread minmax`, default) or mean ± sd (`--spread sd`,
+population sd over seeds).
+
+The reference (`--reference NAME` reads
+`../shared/reference/NAME-dreamerv3.json.gz` beside the repo root; a path
+works too) is a gzip JSON list of runs {task, method, seed, xs, ys}. The runs whose `task` equals `--task` (default:
+`task` in the first logdir's `config.yaml`; `atari100k_<game>` matches the
+reference's `atari_<game>`) are put on the same bin centres, each run's value
+at a centre being the mean of its points within the bin (the linear
+interpolation of its points where a bin has none), then averaged over seeds
+with the same spread rule. Atari reference x values are frames (4 per agent
+step); they are divided by 4 so that both curves count agent steps
+(`--ref_xscale` overrides this). `--target SCORE` draws a dotted line.
+
+`--table S1 S2 ...` prints one markdown table row per step S: our score is,
+per seed, the mean of the last `--last` (default 20) episodes that ended at
+or before S (seeds whose scores stop before S are left out, as they never got
+there), then mean ± sd over seeds; the reference is, per reference run, the
+mean of its points with S - window <= x <= S + window (`--window`, default
+10000, which reproduces the @100k numbers in `reference/dreamerv3.md`;
+interpolated where a run has no point there), then mean ± sd over runs.
+All sds are population sds (ddof 0), as in those notes.
+
+The loading, binning and reference functions are pure; `draw` is the only one
+that needs matplotlib (installed by the `plot` extra).
+"""
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_DIR = ROOT.parent / 'shared' / 'reference'
+# Reference x units per agent step, by the reference task's suite.
+REF_XUNITS = {'atari': 4.0}
+
+
+# ---------------------------------------------------------------- loading
+
+def scores_path(path):
+  """`path/scores.jsonl` for a logdir, `path` itself for a file."""
+  path = Path(path)
+  return path / 'scores.jsonl' if path.is_dir() else path
+
+
+def load_scores(path, eval=False):
+  """(steps, scores) as float arrays, sorted by step, of the finished
+  episodes in a logdir's `scores.jsonl` (or that file): train episodes, or
+  eval episodes with `eval=True`. Blank or truncated lines are skipped."""
+  steps, scores = [], []
+  with scores_path(path).open() as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # A line cut short by a crash mid-write.
+      if bool(record.get('eval', False)) != bool(eval):
+        continue
+      steps.append(float(record['step']))
+      scores.append(float(record['score']))
+  order = np.argsort(steps, kind='stable')
+  return np.asarray(steps)[order], np.asarray(scores)[order]
+
+
+def config_task(logdir):
+  """The `task` in `logdir/config.yaml`, or None."""
+  path = Path(logdir) / 'config.yaml'
+  if not path.is_file():
+    return None
+  from ruamel.yaml import YAML
+  config = YAML(typ='safe').load(path.read_text())
+  return (config or {}).get('task')
+
+
+def reference_path(name):
+  """The reference file for `name`: an existing path, else
+  `../shared/reference/<name>-dreamerv3.json.gz` or `.../<name>`."""
+  candidates = [Path(name), REFERENCE_DIR / f'{name}-dreamerv3.json.gz',
+                REFERENCE_DIR / name]
+  for path in candidates:
+    if path.is_file():
+      return path
+  known = sorted(p.name.split('-dreamerv3')[0]
+                 for p in REFERENCE_DIR.glob('*-dreamerv3.json.gz'))
+  raise FileNotFoundError(
+      f"no reference '{name}' (looked for {candidates[1]}); known: "
+      f"{', '.join(known) or 'none'}")
+
+
+def load_reference(name):
+  """The list of reference runs {task, method, seed, xs, ys}."""
+  with gzip.open(reference_path(name), 'rt') as f:
+    return json.load(f)
+
+
+def reference_task(task):
+  """The reference's name for our task: atari100k_<game> -> atari_<game>."""
+  suite, _, rest = task.partition('_')
+  return f'atari_{rest}' if suite == 'atari100k' else task
+
+
+def reference_runs(runs, task, xscale=None):
+  """[(xs, ys)] of the runs for `task`, xs divided by the reference's x units
+  per agent step (4 frames for Atari) unless `xscale` (a factor applied to
+  xs) is given."""
+  name = reference_task(task)
+  if xscale is None:
+    xscale = 1.0 / REF_XUNITS.get(name.partition('_')[0], 1.0)
+  picked = []
+  for run in runs:
+    if run['task'] == name:
+      xs = np.asarray(run['xs'], float) * xscale
+      ys = np.asarray(run['ys'], float)
+      order = np.argsort(xs, kind='stable')
+      picked.append((xs[order], ys[order]))
+  return picked
+
+
+def reference_tasks(runs):
+  return sorted({run['task'] for run in runs})
+
+
+# ---------------------------------------------------------------- binning
+
+def bin_edges(xmax, bins):
+  """`bins` equal bins covering [0, xmax]."""
+  xmax = float(xmax)
+  if not xmax > 0:
+    raise ValueError(f'xmax must be > 0, got {xmax}')
+  return np.linspace(0.0, xmax, int(bins) + 1)
+
+
+def bin_scores(steps, scores, edges):
+  """Mean score per bin, NaN for bins without episodes. Bin k holds the
+  episodes with edges[k] <= step < edges[k+1] (the last bin includes its
+  right edge); episodes outside the edges are ignored."""
+  steps, scores = np.asarray(steps, float), np.asarray(scores, float)
+  nbins = len(edges) - 1
+  index = np.searchsorted(edges, steps, side='right') - 1
+  index[steps == edges[-1]] = nbins - 1
+  inside = (index >= 0) & (index < nbins)
+  sums = np.bincount(index[inside], scores[inside], minlength=nbins)
+  counts = np.bincount(index[inside], minlength=nbins)
+  with np.errstate(invalid='ignore', divide='ignore'):
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def centres(edges):
+  edges = np.asarray(edges, float)
+  return (edges[:-1] + edges[1:]) / 2
+
+
+def aggregate(curves, spread='minmax'):
+  """(mean, lo, hi, count) over seeds (rows of `curves`), ignoring NaNs;
+  lo..hi is min..max or mean -/+ population sd. NaN where no seed has a
+  value."""
+  curves = np.atleast_2d(np.asarray(curves, float))
+  count = np.sum(~np.isnan(curves), axis=0)
+  mean = np.full(curves.shape[1], np.nan)
+  lo, hi = mean.copy(), mean.copy()
+  has = count > 0
+  if has.any():
+    part = curves[:, has]
+    mean[has] = np.nanmean(part, axis=0)
+    if spread == 'minmax':
+      lo[has], hi[has] = np.nanmin(part, axis=0), np.nanmax(part, axis=0)
+    elif spread == 'sd':
+      sd = np.nanstd(part, axis=0)
+      lo[has], hi[has] = mean[has] - sd, mean[has] + sd
+    else:
+      raise ValueError(f"spread must be 'minmax' or 'sd', got '{spread}'")
+  return mean, lo, hi, count
+
+
+def run_value(xs, ys, at, window):
+  """One run's values at the steps `at`: the mean of its points with
+  at - window <= x <= at + window, or the linear interpolation of its points
+  where there is none; NaN outside [xs[0] - window, xs[-1] + window]."""
+  xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+  at = np.atleast_1d(np.asarray(at, float))
+  out = np.full(at.shape, np.nan)
+  if not len(xs):
+    return out
+  lo = np.searchsorted(xs, at - window, side='left')
+  hi = np.searchsorted(xs, at + window, side='right')
+  cumsum = np.concatenate([[0.0], np.cumsum(ys)])
+  counts = hi - lo
+  with np.errstate(invalid='ignore', divide='ignore'):
+    means = (cumsum[hi] - cumsum[lo]) / counts
+  interp = np.interp(at, xs, ys)
+  out = np.where(counts > 0, means, interp)
+  outside = (at < xs[0] - window) | (at > xs[-1] + window)
+  out[outside] = np.nan
+  return out
+
+
+def reference_curve(runs, at, window, spread='minmax'):
+  """(mean, lo, hi, count) of the reference runs [(xs, ys)] at `at`."""
+  if not runs:
+    nan = np.full(len(np.atleast_1d(at)), np.nan)
+    return nan, nan, nan, np.zeros(len(nan), int)
+  return aggregate([run_value(xs, ys, at, window) for xs, ys in runs], spread)
+
+
+def last_mean(steps, scores, step, last=20):
+  """Mean of the last `last` episodes that ended at or before `step`; NaN if
+  the scores stop before `step` (the run never got there) or none ended."""
+  steps, scores = np.asarray(steps, float), np.asarray(scores, float)
+  if not len(steps) or steps[-1] < step:
+    return np.nan
+  upto = scores[steps <= step]
+  return float(np.mean(upto[-last:])) if len(upto) else np.nan
+
+
+def mean_sd(values):
+  """(mean, population sd, count) over the non-NaN values."""
+  values = np.asarray(values, float)
+  values = values[~np.isnan(values)]
+  if not len(values):
+    return np.nan, np.nan, 0
+  return float(values.mean()), float(values.std()), len(values)
+
+
+def table_rows(seeds, ref_runs, steps, task, last=20, window=10000):
+  """One dict per step: ours (mean, sd, n) and the reference's."""
+  rows = []
+  for step in steps:
+    ours = mean_sd([last_mean(s, y, step, last) for s, y in seeds])
+    ref = mean_sd([run_value(xs, ys, step, window)[0] for xs, ys in ref_runs])
+    rows.append({'task': task, 'step': int(step), 'ours': ours, 'ref': ref})
+  return rows
+
+
+def format_table(rows, last=20, window=10000):
+  def cell(mean, sd, n):
+    return '—' if n == 0 else f'{mean:.1f} ± {sd:.1f} (n={n})'
+  lines = [
+      f'| task | env steps | ours: mean ± sd over seeds (last {last} '
+      f'episodes) | reference: mean ± sd over runs (±{window:g} steps) |',
+      '| --- | ---: | ---: | ---: |']
+  for row in rows:
+    lines.append(f"| {row['task']} | {row['step']:,} | {cell(*row['ours'])} "
+                 f"| {cell(*row['ref'])} |")
+  return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------- drawing
+
+def draw(path, x, ours, seeds=None, ref=None, title='', labels=(),
+         xmax=None, target=None):
+  """Writes the PNG. `ours` and `ref` are (mean, lo, hi, count) on `x`
+  (either may be None);
+  `seeds` the per-seed curves drawn thin; `labels` (ours, reference);
+  `target` a score drawn as a dotted horizontal line."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  ours_label, ref_label = (list(labels) + ['ours', 'DreamerV3'])[:2]
+  fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+  if ref is not None:
+    mean, lo, hi, _ = ref
+    ax.plot(x, mean, color='tab:gray', ls='--', lw=1.5, label=ref_label)
+    ax.fill_between(x, lo, hi, color='tab:gray', alpha=0.2, lw=0)
+  if seeds is not None and len(seeds) > 1:
+    for curve in seeds:
+      keep = ~np.isnan(curve)
+      ax.plot(x[keep], curve[keep], color='tab:blue', lw=0.6, alpha=0.35)
+  if ours is not None:
+    mean, lo, hi, _ = ours
+    keep = ~np.isnan(mean)
+    ax.plot(x[keep], mean[keep], color='tab:blue', lw=2, label=ours_label,
+            marker='.' if keep.sum() < 3 else None)
+    ax.fill_between(x[keep], lo[keep], hi[keep], color='tab:blue',
+                    alpha=0.2, lw=0)
+  if target is not None:
+    ax.axhline(target, color='tab:red', ls=':', lw=1, label=f'target {target:g}')
+  ax.set_xlim(0, xmax if xmax else (x[-1] + (x[1] - x[0]) / 2))
+  ax.set_xlabel('env steps')
+  ax.set_ylabel('episode return')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(loc='best', fontsize='small')
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path
+
+
+# ---------------------------------------------------------------- CLI
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+      prog='python -m dreamer_ver.plot',
+      description='Score vs env steps across seeds, next to DreamerV3.')
+  parser.add_argument('logdirs', nargs='*', help='one logdir (or scores.jsonl) per seed; none with --reference and --task: the reference alone')
+  parser.add_argument('--reference', default='', help="e.g. dmc_proprio, dmc_vision, atari100k, or a .json.gz path")
+  parser.add_argument('--task', default='', help="reference task (default: task in the first logdir's config.yaml)")
+  parser.add_argument('--out', default='', help='PNG path (default: <first logdir>/scores.png)')
+  parser.add_argument('--bins', type=int, default=30, help='bins over [0, xmax] (default 30)')
+  parser.add_argument('--eval', action='store_true', help='eval episodes instead of train episodes')
+  parser.add_argument('--spread', choices=('minmax', 'sd'), default='minmax')
+  parser.add_argument('--xmax', type=float, default=0.0, help='last env step shown (default: largest step in the scores)')
+  parser.add_argument('--table', type=float, nargs='+', default=None, metavar='STEPS', help='print a markdown row per step')
+  parser.add_argument('--last', type=int, default=20, help='episodes per seed averaged for --table (default 20)')
+  parser.add_argument('--window', type=float, default=10000.0, help='reference half-window for --table (default 10000)')
+  parser.add_argument('--ref_xscale', type=float, default=None, help='factor on reference xs (default 1, 0.25 for Atari frames)')
+  parser.add_argument('--target', type=float, default=None, help='draw this score as a dotted line')
+  parser.add_argument('--title', default='')
+  parser.add_argument('--label', default='', help='legend label of our curve')
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.bins < 1:
+    return _fail('--bins must be >= 1')
+  if not args.logdirs and not (args.reference and args.task):
+    return _fail('give logdirs, or --reference and --task for the '
+                 'reference alone')
+  seeds = []
+  for logdir in args.logdirs:
+    if not scores_path(logdir).is_file():
+      return _fail(f'no scores at {scores_path(logdir)}')
+    seeds.append(load_scores(logdir, eval=args.eval))
+  kind = 'eval' if args.eval else 'train'
+  if seeds and not any(len(s) for s, _ in seeds):
+    return _fail(f'no {kind} episodes in {", ".join(args.logdirs)}')
+  first = Path(args.logdirs[0]) if args.logdirs else None
+  task = args.task or (
+      config_task(first) if first and first.is_dir() else None) or ''
+
+  ref_runs = []
+  if args.reference:
+    if not task:
+      return _fail('--reference needs --task (no config.yaml with a task)')
+    try:
+      runs = load_reference(args.reference)
+    except FileNotFoundError as e:
+      return _fail(str(e))
+    ref_runs = reference_runs(runs, task, args.ref_xscale)
+    if not ref_runs:
+      return _fail(
+          f"reference '{args.reference}' has no runs for task "
+          f"'{reference_task(task)}'; it has: {', '.join(reference_tasks(runs))}")
+
+  if args.table:
+    rows = table_rows(seeds, ref_runs, args.table, task or '?', args.last,
+                      args.window)
+    print(format_table(rows, args.last, args.window))
+  if not seeds and not args.out:
+    return 0  # The reference alone: a PNG only when --out asks for one.
+
+  if args.xmax:
+    xmax = args.xmax
+  elif seeds:
+    xmax = max(s[-1] for s, _ in seeds if len(s))
+  else:
+    xmax = max(xs[-1] for xs, _ in ref_runs)
+  edges = bin_edges(xmax, args.bins)
+  x = centres(edges)
+  curves = np.array([bin_scores(s, y, edges) for s, y in seeds])
+  ours = aggregate(curves, args.spread) if seeds else None
+  ref = None
+  if ref_runs:
+    ref = reference_curve(ref_runs, x, (edges[1] - edges[0]) / 2, args.spread)
+  n = len(seeds)
+  labels = (args.label or f"ours, {kind} ({n} seed{'s' if n > 1 else ''})",
+            f'DreamerV3 {args.reference} ({len(ref_runs)} runs)')
+  title = args.title or task or str(first)
+  out = Path(args.out) if args.out else (
+      (first if first.is_dir() else first.parent) / 'scores.png')
+  draw(out, x, ours, curves, ref, title, labels, xmax, args.target)
+  print(f'Wrote {out}', file=sys.stderr if args.table else sys.stdout)
+  return 0
+
+
+def _fail(message):
+  print(f'error: {message}', file=sys.stderr)
+  return 2
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,220 @@
+"""`--script eval_only`: scores of a saved agent, without training.
+
+    python -m dreamer_ver.main --script eval_only --configs <the run's blocks> \\
+        --run.from_checkpoint runs/cartpole --logdir runs/cartpole/eval \\
+        --run.steps 10
+
+* Checkpoint: `run.from_checkpoint` names a logdir (its `ckpt/agent.npz` is
+  read) or the checkpoint folder itself; empty means `logdir`. The config must
+  build the same model as the run that saved it: pass the same `--configs`
+  blocks and model flags (the run's `config.yaml` lists them); a mismatch is
+  reported with the keys that differ.
+* Episodes: `run.steps` is the number of episodes to run in total (not env
+  steps; e.g. `--run.steps 10`). They are split evenly over
+  max(1, min(`run.eval_envs`, episodes)) envs built in this process, env i
+  running its share to the end, so short episodes are not over-represented.
+  `run.duration` (seconds, 0 = none) stops early; unfinished episodes are not
+  reported.
+* Actions: the policy's mode (greedy) by default; `eval_only(config,
+  mode='sample')` samples instead, as the train actor does.
+  `random_agent: True` acts uniformly at random (a baseline for the same envs).
+* Envs: seeded as the parallel runtime's eval envs
+  (`seed * 100000 + run.envs + i`).
+* Output: one line per episode and a summary on stdout, and one JSON line per
+  episode appended to `logdir/eval_scores.jsonl`: step (the checkpoint's env
+  steps), env, episode, score, length, eval (true), mode, time.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from dreamer_ver.agent.agent import Agent
+from dreamer_ver.agent.checkpoint import CheckpointMismatch
+from dreamer_ver.envs import make_env
+from dreamer_ver.runtime.learner import Checkpoint
+
+MODES = ('greedy', 'sample', 'random')
+
+
+def checkpoint_dir(path):
+  """The folder holding `agent.npz` for a logdir or a checkpoint folder."""
+  path = Path(path)
+  if (path / 'agent.npz').is_file():
+    return path
+  return path / 'ckpt'
+
+
+def open_checkpoint(path):
+  """A `Checkpoint` reading from `checkpoint_dir(path)`."""
+  folder = checkpoint_dir(path)
+  ckpt = Checkpoint(folder.parent)
+  ckpt.directory = folder  # The folder need not be called `ckpt`.
+  return ckpt
+
+
+def episode_shares(episodes, envs):
+  """Episodes per env: `episodes` split as evenly as possible."""
+  return [episodes // envs + (i < episodes % envs) for i in range(envs)]
+
+
+def eval_only(config, mode=None):
+  """Runs `run.steps` episodes with the checkpointed policy; returns 0, or 2
+  when there is no usable checkpoint."""
+  mode = mode or ('random' if config.random_agent else 'greedy')
+  if mode not in MODES:
+    raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+  logdir = Path(config.logdir)
+  source = Path(config.run.from_checkpoint or config.logdir).expanduser()
+  ckpt = open_checkpoint(source)
+  if not ckpt.exists:
+    print(f'error: no checkpoint at {ckpt.directory / "agent.npz"} '
+          '(set run.from_checkpoint to a logdir or its ckpt folder)',
+          file=sys.stderr)
+    return 2
+  episodes = int(config.run.steps)
+  if episodes < 1:
+    print(f'error: run.steps (the number of eval episodes) must be >= 1, '
+          f'got {config.run.steps}', file=sys.stderr)
+    return 2
+
+  count = max(1, min(int(config.run.eval_envs), episodes))
+  envs = [make_env(config.task, config.env,
+                   config.seed * 100_000 + config.run.envs + i)
+          for i in range(count)]
+  try:
+    agent = Agent(envs[0].obs_space, envs[0].act_space, config)
+    template = agent.init_state(agent.init_params(config.seed), config.seed)
+    try:
+      state, counters = ckpt.load(template)
+    except CheckpointMismatch as e:
+      print(f'error: {e}', file=sys.stderr)
+      hint = _config_hint(ckpt.directory.parent, config)
+      if hint:
+        print(hint, file=sys.stderr)
+      return 2
+    step = int(counters.get('steps', 0))
+    print(f'Evaluating {ckpt.directory} (env step {step}): {episodes} '
+          f'episodes on {count} env(s), {mode} actions.', flush=True)
+    results = run_episodes(
+        agent, state['params'], envs, episode_shares(episodes, count), mode,
+        config.seed, config.run.duration)
+  finally:
+    for env in envs:
+      env.close()
+
+  logdir.mkdir(parents=True, exist_ok=True)
+  with (logdir / 'eval_scores.jsonl').open('a') as f:
+    for r in results:
+      f.write(json.dumps({'step': step, **r, 'eval': True, 'mode': mode}) + '\n')
+  scores = np.array([r['score'] for r in results], float)
+  if len(scores):
+    print(f'Eval score over {len(scores)} episodes ({mode}, env step {step}): '
+          f'mean {scores.mean():.2f} ± {scores.std():.2f} (sd), '
+          f'min {scores.min():.2f}, max {scores.max():.2f}')
+  else:
+    print('No episode finished.')
+  print(f'Wrote {logdir / "eval_scores.jsonl"}')
+  return 0
+
+
+def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
+                 duration=0.0):
+  """Steps `envs` in lockstep with one batched policy call per step until
+  env i has finished `shares[i]` episodes (or `duration` seconds passed).
+  Returns one dict per finished episode: env, episode, score, length, time.
+  A finished env stops stepping; its row keeps its last observation and the
+  policy's output for it is ignored."""
+  n = len(envs)
+  act_space = envs[0].act_space
+  acts = {k: np.zeros((n, *s.shape), s.dtype) for k, s in act_space.items()}
+  acts['reset'][:] = True
+  carry = agent.init_carry(n)
+  key = jax.random.PRNGKey(seed)
+  rng = np.random.default_rng(seed)
+  active = [share > 0 for share in shares]
+  done = [0] * n
+  score, length = [0.0] * n, [0] * n
+  last = [None] * n
+  results = []
+  start = time.time()
+  while any(active):
+    if duration and time.time() - start > duration:
+      print(f'Stopped after run.duration = {duration} s.')
+      break
+    for i, env in enumerate(envs):
+      if active[i]:
+        last[i] = env.step({k: v[i] for k, v in acts.items()})
+    obs = {k: np.stack([o[k] for o in last]) for k in last[0]
+           if not k.startswith('log/')}
+    if mode == 'random':
+      act = {k: _random(rng, s, n) for k, s in act_space.items()
+             if k != 'reset'}
+    else:
+      key, policy_key = jax.random.split(key)
+      carry, act, _ = agent.policy(params, carry, obs, policy_key, mode)
+      act = jax.device_get(act)
+    acts = {**{k: np.asarray(v) for k, v in act.items()},
+            'reset': obs['is_last'].copy()}
+    for i in range(n):
+      if not active[i]:
+        continue
+      if obs['is_first'][i]:
+        score[i], length[i] = 0.0, 0
+      score[i] += float(obs['reward'][i])
+      length[i] += 1
+      if obs['is_last'][i]:
+        # As `scores.jsonl`: the first observation is not a step.
+        record = {'env': i, 'episode': done[i], 'score': score[i],
+                  'length': length[i] - 1, 'time': time.time()}
+        results.append(record)
+        print(f"episode {len(results)}: env {i} score {record['score']:.2f} "
+              f"length {record['length']}", flush=True)
+        done[i] += 1
+        active[i] = done[i] < shares[i]
+  return results
+
+
+def _random(rng, space, n):
+  if space.discrete:
+    return rng.integers(space.low, space.high, (n, *space.shape)).astype(
+        space.dtype)
+  return rng.uniform(space.low, space.high, (n, *space.shape)).astype(
+      space.dtype)
+
+
+def _config_hint(logdir, config):
+  """The model keys where the run's config.yaml differs from `config`."""
+  path = Path(logdir) / 'config.yaml'
+  if not path.is_file():
+    return ''
+  from ruamel.yaml import YAML
+  saved = _flat(YAML(typ='safe').load(path.read_text()) or {})
+  ours = dict(config.flat)
+  keys = [k for k in sorted(saved)
+          if (k == 'task' or k.startswith(('agent.', 'env.')))
+          and k in ours and _norm(saved[k]) != _norm(ours[k])]
+  if not keys:
+    return ''
+  shown = ', '.join(f'{k}={saved[k]!r} (here {ours[k]!r})' for k in keys[:8])
+  more = f' and {len(keys) - 8} more' if len(keys) > 8 else ''
+  return (f'The run in {logdir} used: {shown}{more}. Pass the same --configs '
+          'blocks and flags as that run.')
+
+
+def _flat(tree, prefix=''):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def _norm(value):
+  return tuple(value) if isinstance(value, (list, tuple)) else value
