@@ -21,14 +21,15 @@ population sd over seeds).
 
 The reference (`--reference NAME` reads
 `../shared/reference/NAME-dreamerv3.json.gz` beside the repo root; a path
-works too) is a gzip JSON list of runs {task, method, seed, xs, ys}. The runs whose `task` equals `--task` (default:
-`task` in the first logdir's `config.yaml`; `atari100k_<game>` matches the
-reference's `atari_<game>`) are put on the same bin centres, each run's value
-at a centre being the mean of its points within the bin (the linear
-interpolation of its points where a bin has none), then averaged over seeds
-with the same spread rule. Atari reference x values are frames (4 per agent
-step); they are divided by 4 so that both curves count agent steps
-(`--ref_xscale` overrides this). `--target SCORE` draws a dotted line.
+works too) is a gzip JSON list of runs {task, method, seed, xs, ys}. The
+runs whose `task` equals `--task` (default: `task` in the first logdir's
+`config.yaml`; `atari100k_<game>` matches the reference's `atari_<game>`)
+are put on the same bin centres, each run's value at a centre being the
+mean of its points within the bin (the linear interpolation of its points
+where a bin has none), then averaged over seeds with the same spread rule.
+Atari reference x values are frames (4 per agent step); they are divided by
+4 so that both curves count agent steps (`--ref_xscale` overrides this).
+`--target SCORE` draws a dotted line.
 
 `--table S1 S2 ...` prints one markdown table row per step S: our score is,
 per seed, the mean of the last `--last` (default 20) episodes that ended at
@@ -274,9 +275,8 @@ def format_table(rows, last=20, window=10000):
 def draw(path, x, ours, seeds=None, ref=None, title='', labels=(),
          xmax=None, target=None):
   """Writes the PNG. `ours` and `ref` are (mean, lo, hi, count) on `x`
-  (either may be None);
-  `seeds` the per-seed curves drawn thin; `labels` (ours, reference);
-  `target` a score drawn as a dotted horizontal line."""
+  (either may be None); `seeds` the per-seed curves, drawn thin; `labels`
+  (ours, reference); `target` a score drawn as a dotted horizontal line."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -299,8 +299,9 @@ def draw(path, x, ours, seeds=None, ref=None, title='', labels=(),
     ax.fill_between(x[keep], lo[keep], hi[keep], color='tab:blue',
                     alpha=0.2, lw=0)
   if target is not None:
-    ax.axhline(target, color='tab:red', ls=':', lw=1, label=f'target {target:g}')
-  ax.set_xlim(0, xmax if xmax else (x[-1] + (x[1] - x[0]) / 2))
+    ax.axhline(target, color='tab:red', ls=':', lw=1,
+               label=f'target {target:g}')
+  ax.set_xlim(0, xmax or x[-1])
   ax.set_xlabel('env steps')
   ax.set_ylabel('episode return')
   ax.set_title(title)
@@ -318,21 +319,36 @@ def parse_args(argv):
   parser = argparse.ArgumentParser(
       prog='python -m dreamer_ver.plot',
       description='Score vs env steps across seeds, next to DreamerV3.')
-  parser.add_argument('logdirs', nargs='*', help='one logdir (or scores.jsonl) per seed; none with --reference and --task: the reference alone')
-  parser.add_argument('--reference', default='', help="e.g. dmc_proprio, dmc_vision, atari100k, or a .json.gz path")
-  parser.add_argument('--task', default='', help="reference task (default: task in the first logdir's config.yaml)")
-  parser.add_argument('--out', default='', help='PNG path (default: <first logdir>/scores.png)')
-  parser.add_argument('--bins', type=int, default=30, help='bins over [0, xmax] (default 30)')
-  parser.add_argument('--eval', action='store_true', help='eval episodes instead of train episodes')
-  parser.add_argument('--spread', choices=('minmax', 'sd'), default='minmax')
-  parser.add_argument('--xmax', type=float, default=0.0, help='last env step shown (default: largest step in the scores)')
-  parser.add_argument('--table', type=float, nargs='+', default=None, metavar='STEPS', help='print a markdown row per step')
-  parser.add_argument('--last', type=int, default=20, help='episodes per seed averaged for --table (default 20)')
-  parser.add_argument('--window', type=float, default=10000.0, help='reference half-window for --table (default 10000)')
-  parser.add_argument('--ref_xscale', type=float, default=None, help='factor on reference xs (default 1, 0.25 for Atari frames)')
-  parser.add_argument('--target', type=float, default=None, help='draw this score as a dotted line')
-  parser.add_argument('--title', default='')
-  parser.add_argument('--label', default='', help='legend label of our curve')
+  add = parser.add_argument
+  add('logdirs', nargs='*',
+      help='one logdir (or scores.jsonl file) per seed; none: the reference '
+           'alone (needs --reference and --task)')
+  add('--reference', default='',
+      help='dmc_proprio, dmc_vision, atari100k, ... or a .json.gz path')
+  add('--task', default='',
+      help="reference task (default: task in the first logdir's config.yaml)")
+  add('--out', default='',
+      help='PNG path (default: <first logdir>/scores.png)')
+  add('--bins', type=int, default=30,
+      help='equal bins over [0, xmax] (default 30)')
+  add('--eval', action='store_true',
+      help='eval episodes instead of train episodes')
+  add('--spread', choices=('minmax', 'sd'), default='minmax',
+      help='band across seeds: min..max (default) or mean ± sd')
+  add('--xmax', type=float, default=0.0,
+      help='last env step shown (default: largest step in the scores)')
+  add('--table', type=float, nargs='+', default=None, metavar='STEPS',
+      help='print a markdown table row per step')
+  add('--last', type=int, default=20,
+      help='episodes per seed averaged for --table (default 20)')
+  add('--window', type=float, default=10000.0,
+      help='reference half-window in steps for --table (default 10000)')
+  add('--ref_xscale', type=float, default=None,
+      help='factor on reference xs (default 1; 0.25 for Atari frames)')
+  add('--target', type=float, default=None,
+      help='draw this score as a dotted line')
+  add('--title', default='')
+  add('--label', default='', help='legend label of our curve')
   return parser.parse_args(argv)
 
 
@@ -350,7 +366,8 @@ def main(argv=None):
     seeds.append(load_scores(logdir, eval=args.eval))
   kind = 'eval' if args.eval else 'train'
   if seeds and not any(len(s) for s, _ in seeds):
-    return _fail(f'no {kind} episodes in {", ".join(args.logdirs)}')
+    hint = '' if args.eval else ' (eval episodes need --eval)'
+    return _fail(f'no {kind} episodes in {", ".join(args.logdirs)}{hint}')
   first = Path(args.logdirs[0]) if args.logdirs else None
   task = args.task or (
       config_task(first) if first and first.is_dir() else None) or ''
@@ -367,7 +384,8 @@ def main(argv=None):
     if not ref_runs:
       return _fail(
           f"reference '{args.reference}' has no runs for task "
-          f"'{reference_task(task)}'; it has: {', '.join(reference_tasks(runs))}")
+          f"'{reference_task(task)}'; it has: "
+          f"{', '.join(reference_tasks(runs))}")
 
   if args.table:
     rows = table_rows(seeds, ref_runs, args.table, task or '?', args.last,

@@ -1,6 +1,6 @@
 """`--script eval_only`: scores of a saved agent, without training.
 
-    python -m dreamer_ver.main --script eval_only --configs <the run's blocks> \\
+    python -m dreamer_ver.main --script eval_only --configs <run's blocks> \\
         --run.from_checkpoint runs/cartpole --logdir runs/cartpole/eval \\
         --run.steps 10
 
@@ -110,7 +110,8 @@ def eval_only(config, mode=None):
   logdir.mkdir(parents=True, exist_ok=True)
   with (logdir / 'eval_scores.jsonl').open('a') as f:
     for r in results:
-      f.write(json.dumps({'step': step, **r, 'eval': True, 'mode': mode}) + '\n')
+      record = {'step': step, **r, 'eval': True, 'mode': mode}
+      f.write(json.dumps(record) + '\n')
   scores = np.array([r['score'] for r in results], float)
   if len(scores):
     print(f'Eval score over {len(scores)} episodes ({mode}, env step {step}): '
