@@ -164,17 +164,18 @@ class VER(Cutoff):
 
 
 class Preempt(Cutoff):
-  """The throughput-optimal cutoff: VER's argmax S / (Time(S) + LT) applied
-  to inference batches.
+  """The throughput-optimal cutoff: VER's choice of how much to collect
+  before paying a fixed cost, applied to inference batches.
 
   It learns, per env, the time from a reply to that env's next request (its
   step time, windowed mean), and the inference time of each padded bucket.
   With k requests queued, it predicts when each env that is not queued will
-  arrive and compares cutting now against waiting for the next j arrivals:
-
-      throughput(j) = (k + j) / (wait(j) + inference(bucket(k + j)))
-
-  and cuts when j = 0 wins, else waits for the winning arrival. Guard rails
+  arrive and compares cutting now against waiting for the next j arrivals
+  (see `_best_cut`), and cuts when j = 0 wins, else waits for the winning
+  arrival. VER's argmax S / (Time(S) + LT) counts only the server's side;
+  here every queued request's wait counts too, because a waiting env is an
+  idle env (measured in bench/: the server-only rule batched too eagerly and
+  lost to VER's rule on the CPU fleets). Guard rails
   from VER: at most `max_batch`; fewer than `min_batch` only after an
   adaptive minimum wait (half the mean inference time); and no request ever
   waits longer than `max_wait`. Envs that stop sending (dead, hung, or far
@@ -215,12 +216,8 @@ class Preempt(Cutoff):
     if now >= deadline:
       return self._cut(count, 'latency_cap', now)
     arrivals = self._predicted_arrivals(now, deadline)
-    best, best_wait, best_rate = 0, 0.0, count / self._infer(count)
-    for j, arrival in enumerate(arrivals[:self.max_batch - count], 1):
-      wait = arrival - now
-      rate = (count + j) / (wait + self._infer(count + j))
-      if rate > best_rate:
-        best, best_wait, best_rate = j, wait, rate
+    best, best_wait = self._best_cut(
+        count, arrivals[:self.max_batch - count], now)
     if best == 0:
       min_wait = self.recent.mean / 2
       if count >= self.min_batch or now - pending[0].arrival >= min_wait:
@@ -229,6 +226,31 @@ class Preempt(Cutoff):
     if self.decided is None:
       self.decided = (best_wait, now)
     return max(1e-4, min(best_wait, deadline - now))
+
+  def _best_cut(self, count, arrivals, now):
+    """How many of the predicted arrivals to wait for, and how long.
+
+    Every option serves the same requests (the queued ones and the predicted
+    arrivals): waiting for the first j arrivals serves k + j in one batch
+    when the j-th arrives, and the rest in the next batch, which starts when
+    the actor is free and the last of them has arrived. The option with the
+    least total time from arrival (or now, for queued requests) to reply
+    serves the fleet fastest: cutting at once wins when inference is cheap
+    against the gaps between arrivals, batching wins when its fixed cost
+    dominates.
+    """
+    total = len(arrivals)
+    best, best_wait, best_cost = 0, 0.0, None
+    for j in range(total + 1):
+      start = arrivals[j - 1] if j else now
+      done = start + self._infer(count + j)
+      cost = count * (done - now) + sum(done - a for a in arrivals[:j])
+      if j < total:
+        rest_done = max(done, arrivals[-1]) + self._infer(total - j)
+        cost += sum(rest_done - a for a in arrivals[j:])
+      if best_cost is None or cost < best_cost - 1e-12:
+        best, best_wait, best_cost = j, start - now, cost
+    return best, best_wait
 
   def _cut(self, count, reason, now):
     if self.decided is not None:
@@ -281,7 +303,9 @@ class Preempt(Cutoff):
       due = sent + stats.mean
       if now > due + self.late * stats.std + 0.005:
         continue  # Late: do not hold the batch for it.
-      arrival = max(now, due)
+      # An overdue env is expected later the longer it is overdue (a late
+      # env tends to stay late), so waiting for it gets dearer by the moment.
+      arrival = due if due >= now else now + 2 * (now - due) + 0.001
       if arrival < deadline:
         arrivals.append(arrival)
     arrivals.sort()
