@@ -50,6 +50,16 @@ def _served(logdir):
   return json.loads(path.read_text())['step'] if path.exists() else 0
 
 
+def _chunk_rows(logdir):
+  """Train steps in the saved replay chunk files (the length is the last
+  field of the name)."""
+  rows = {}  # A kill mid-rewrite can leave two files of one chunk.
+  for path in (Path(logdir) / 'replay').glob('*.npz'):
+    _, uuid, _, length = path.stem.split('-')
+    rows[uuid] = max(rows.get(uuid, 0), int(length))
+  return sum(rows.values())
+
+
 def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
   logdir = tmp_path / 'run'
   proc = _start(logdir, 1500)
@@ -59,6 +69,10 @@ def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
     os.kill(env_pid, signal.SIGKILL)
     assert _wait_for(lambda: _pid(logdir, 'env0') not in (None, env_pid), 60)
     os.kill(replay_pid, signal.SIGKILL)
+    killed_at = time.time()
+    # What the dead replay left behind (its restart is >= 1 s away).
+    saved = json.loads((logdir / 'ckpt' / 'replay.json').read_text())
+    saved_rows = _chunk_rows(logdir)
     assert _wait_for(lambda: _pid(logdir, 'replay') not in (None, replay_pid), 60)
     out, _ = proc.communicate(timeout=300)
   finally:
@@ -70,6 +84,28 @@ def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
   assert 'replay exited with code -9; restarting' in out
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 1500
+  # Transitions lost with the replay: every train step the actor served
+  # went to replay (a clean run ends with rows stored == steps served), so
+  # the shortfall at the end is what the killed replay held but had not
+  # saved: what arrived after the snapshot of its last completed save.
+  final = json.loads((logdir / 'ckpt' / 'replay.json').read_text())
+  rows = _chunk_rows(logdir)
+  lost = counters['steps'] - rows
+  since_save = killed_at - saved['time']
+  fps = max(m.get('fps/policy', 0) for m in _metrics(logdir))
+  loaded = [l for l in out.splitlines() if l.startswith('[replay] loaded')]
+  print(f'\n[replay kill] last save {since_save:.3f} s before the kill: '
+        f'{saved["limiter"]["size"]} inserts counted, {saved_rows} rows in '
+        f'chunk files; restart: {loaded[-1].split(" from ")[0]!r}; run end: '
+        f'actor served {counters["steps"]}, replay rows {rows}, replay '
+        f'inserts counted {final["limiter"]["size"]}; LOST {lost} '
+        f'transitions (bound: arrivals since the last save <= {fps:.0f} '
+        f'steps/s x {since_save:.2f} s = {fps * since_save:.0f})')
+  # A batch cut by the kill mid-save is resent whole: a few rows twice.
+  assert -5 <= lost <= fps * (since_save + 1), (lost, since_save, fps)
+  # The saved count never runs ahead of the saved rows.
+  assert saved_rows >= saved['limiter']['size']
+  assert rows >= final['limiter']['size']
   # Every component is gone after the run.
   for name in ('env0', 'env1', 'replay', 'logger'):
     assert not _alive(_pid(logdir, name)), name
@@ -101,3 +137,212 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(tmp_path):
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out[-3000:]
   assert f'Agent resumed at step {saved["steps"]}' in out
+
+
+def _metrics(logdir):
+  path = Path(logdir) / 'metrics.jsonl'
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def _counters(logdir):
+  path = Path(logdir) / 'ckpt' / 'counters.json'
+  return json.loads(path.read_text()) if path.exists() else {
+      'steps': 0, 'version': 0}
+
+
+def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
+  logdir = tmp_path / 'run'
+  proc = _start(logdir, 1200)
+  try:
+    assert _wait_for(lambda: _served(logdir) > 150 and _metrics(logdir), 240), (
+        'run never started')
+    pid = _pid(logdir, 'logger')
+    before = _metrics(logdir)
+    last_step = max(m['step'] for m in before)
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_for(lambda: _pid(logdir, 'logger') not in (None, pid), 60)
+    version = _counters(logdir)['version']
+    # Training goes on: the learner publishes and saves newer params.
+    assert _wait_for(lambda: _counters(logdir)['version'] > version, 60)
+    # Metrics resume: the restarted logger writes lines past the old step.
+    assert _wait_for(lambda: any(
+        m['step'] > last_step for m in _metrics(logdir)[len(before):]), 60)
+    out, _ = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 0, out[-3000:]
+  assert 'logger exited with code -9; restarting' in out
+  assert '[logger] resumed at step' in out
+  assert _counters(logdir)['steps'] >= 1200
+  after = _metrics(logdir)[len(before):]
+  assert any('train/loss/dyn' in m for m in after), 'no train metrics resumed'
+  for name in ('env0', 'replay', 'logger'):
+    assert not _alive(_pid(logdir, name)), name
+
+
+def _state(pid):
+  """The process state letter from /proc (T = stopped), None when gone."""
+  try:
+    stat = Path(f'/proc/{pid}/stat').read_text()
+  except FileNotFoundError:
+    return None
+  return stat.rsplit(')', 1)[1].split()[0]
+
+
+def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
+  logdir = tmp_path / 'run'
+  proc = _start(logdir, 1200)
+  pid = None
+  try:
+    assert _wait_for(lambda: _served(logdir) > 150, 240), 'run never started'
+    pid = _pid(logdir, 'env0')
+    # Hung: it stops responding but its socket stays open.
+    os.kill(pid, signal.SIGSTOP)
+    assert _wait_for(lambda: _state(pid) == 'T', 10)
+    served = _served(logdir)
+    assert _wait_for(lambda: _served(logdir) > served + 300, 120), (
+        'env steps stalled behind the hung env')
+    assert _state(pid) == 'T'  # Still hung, never restarted or resumed.
+    assert _pid(logdir, 'env0') == pid
+    out, _ = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    if pid is not None and _state(pid) is not None:
+      os.kill(pid, signal.SIGKILL)
+  assert proc.returncode == 0, out[-3000:]
+  assert _counters(logdir)['steps'] >= 1200
+  # The stopped child got SIGCONT with its SIGTERM: it stopped by itself
+  # instead of being killed after the 15 s deadline.
+  assert 'did not stop within' not in out, out[-3000:]
+  assert _state(pid) is None
+  for name in ('env1', 'replay', 'logger'):
+    assert not _alive(_pid(logdir, name)), name
+
+
+def _component(logdir, script, flags, log):
+  """One component of a split launch (launch/local.sh), output to `log`."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  with open(log, 'w') as file:
+    return subprocess.Popen(
+        [sys.executable, '-m', 'dreamer_ver.main', '--script', script,
+         '--logdir', str(logdir), *flags],
+        cwd=ROOT, env=env, stdout=file, stderr=subprocess.STDOUT, text=True)
+
+
+def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
+    tmp_path):
+  from dreamer_ver.runtime.process import free_port
+  logdir = tmp_path / 'run'
+  steps = 1000
+  flags = [*FLAGS, '--run.steps', str(steps),
+           '--run.actor_addr', f'127.0.0.1:{free_port()}',
+           '--run.replay_addr', f'127.0.0.1:{free_port()}',
+           '--run.logger_addr', f'127.0.0.1:{free_port()}']
+  agent_flags = [*flags, '--run.remote_envs', 'True',
+                 '--run.remote_replay', 'True']
+  procs, envs = {}, {}
+  try:
+    for name in ('parallel_logger', 'parallel_replay', 'parallel_envs'):
+      procs[name] = _component(logdir, name, flags, tmp_path / f'{name}.log')
+    agent = _component(
+        logdir, 'parallel_agent', agent_flags, tmp_path / 'agent1.log')
+    procs['agent1'] = agent
+    assert _wait_for(lambda: _counters(logdir)['steps'] > 150, 240), (
+        'agent never saved')
+    envs = {name: _pid(logdir, name) for name in ('env0', 'env1', 'env4')}
+    items = max(m.get('replay/items', 0) for m in _metrics(logdir))
+    agent.kill()
+    agent.wait()
+    saved = _counters(logdir)
+    lines = len(_metrics(logdir))
+    assert saved['steps'] < steps
+    agent = _component(
+        logdir, 'parallel_agent', agent_flags, tmp_path / 'agent2.log')
+    procs['agent2'] = agent
+    assert agent.wait(timeout=300) == 0, (
+        tmp_path / 'agent2.log').read_text()[-3000:]
+    out = (tmp_path / 'agent2.log').read_text()
+    assert f'Agent resumed at step {saved["steps"]} ' in out, out[-3000:]
+    final = _counters(logdir)
+    assert final['steps'] >= steps and final['version'] > saved['version']
+    # The env processes were never restarted: the same ones reconnected.
+    assert envs == {name: _pid(logdir, name) for name in envs}
+    assert all(_alive(pid) for pid in envs.values())
+    # The replay server kept its data throughout.
+    for name in ('parallel_logger', 'parallel_replay', 'parallel_envs'):
+      assert procs[name].poll() is None, name
+    after = [m['replay/items'] for m in _metrics(logdir)[lines:]
+             if 'replay/items' in m]
+    assert after and min(after) >= items > 0, (items, after)
+    for name in ('parallel_envs', 'parallel_replay', 'parallel_logger'):
+      procs[name].send_signal(signal.SIGTERM)
+      assert procs[name].wait(timeout=30) == 0, name
+  finally:
+    for proc in procs.values():
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for path in (logdir / 'pids').glob('env*'):
+      pid = int(path.read_text())
+      if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+  assert not any(_alive(pid) for pid in envs.values())
+
+
+def _wait_for_stop(config, ready):
+  """A child that runs until SIGTERM/SIGINT, then exits 0."""
+  from dreamer_ver.runtime.process import StopSignal
+  stop = StopSignal()
+  Path(ready).write_text('ready')
+  while not stop.wait(0.1):
+    pass
+  return 0
+
+
+def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
+  from types import SimpleNamespace
+  from dreamer_ver.runtime.parallel import Children
+  children = Children()
+  ready = tmp_path / 'ready'
+  proc = children.start('env0', f'{__name__}:_wait_for_stop',
+                        SimpleNamespace(logdir=str(tmp_path)), str(ready))
+  try:
+    assert _wait_for(ready.exists, 60, poll=0.1)
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert _wait_for(lambda: _state(proc.pid) == 'T', 10, poll=0.1)
+    start = time.monotonic()
+    children.stop_all()
+    elapsed = time.monotonic() - start
+  finally:
+    if proc.is_alive():
+      proc.kill()
+  # SIGTERM alone stays pending while a process is stopped: stop_all would
+  # wait out its 15 s and SIGKILL it (exit code -9), losing its save.
+  assert proc.exitcode == 0 and elapsed < 5, (proc.exitcode, elapsed)
+
+
+def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
+  from types import SimpleNamespace
+  from dreamer_ver.runtime.parallel import Children
+  children = Children(backoff=(0.0, 0.0))
+  ready = tmp_path / 'ready'
+  proc = children.start('env0', f'{__name__}:_wait_for_stop',
+                        SimpleNamespace(logdir=str(tmp_path)), str(ready))
+  try:
+    assert _wait_for(ready.exists, 60, poll=0.1)
+    # What Ctrl-C does to every process of the group: the child saves and
+    # exits 0 while the parent is still shutting down.
+    os.kill(proc.pid, signal.SIGINT)
+    proc.join(10)
+    assert proc.exitcode == 0
+    for _ in range(3):
+      children.supervise()
+    assert children.procs['env0'] is proc and not children.restarts
+  finally:
+    children.stop_all()

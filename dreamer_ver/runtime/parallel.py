@@ -17,6 +17,7 @@ import collections
 import importlib
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -52,13 +53,17 @@ def parallel(config):
                    config)
   if not run.remote_envs:
     _start_env_workers(children, config, offset=0)
+  # Supervise on a thread of its own: the agent's loop can block on a client
+  # call to a dead server (portal waits for the reconnect), and that server
+  # must still get restarted.
+  children.supervise_in_background()
   try:
     if run.agent_process:
       children.start('agent', 'dreamer_ver.runtime.parallel:parallel_agent',
                      config)
       code = children.wait_for('agent', StopSignal())
     else:
-      code = parallel_agent(config, children=children)
+      code = parallel_agent(config)
   finally:
     children.stop_all()
   return code
@@ -91,7 +96,7 @@ def parallel_logger(config):
   return serve_logger(with_token(config))
 
 
-def parallel_agent(config, children=None):
+def parallel_agent(config):
   """The actor (batch server + policy) and the learner thread.
 
   Returns once `run.steps` env steps are served or on SIGINT/SIGTERM, after
@@ -161,8 +166,6 @@ def parallel_agent(config, children=None):
   fps = elements.FPS()
   last = actor.served
   while not done():
-    if children is not None:
-      children.supervise()
     stop.wait(0.2)
     fps.step(actor.served - last)
     last = actor.served
@@ -234,10 +237,13 @@ def _call(name, target, config, *args):
 class Children:
   """Child processes started with 'spawn'.
 
-  `supervise()` restarts children that died (env processes only when
+  `supervise()` restarts children that died with a non-zero exit code (a
+  child exits 0 only when told to stop; env processes only when
   `restart_envs`), waiting an exponential backoff per child so a process
-  that keeps crashing does not spin. `stop_all()` sends SIGTERM and kills
-  what is still alive after SHUTDOWN_SECONDS.
+  that keeps crashing does not spin; `supervise_in_background()` calls it
+  every half second on a daemon thread. `stop_all()` ends supervision, sends
+  SIGTERM (and SIGCONT, so a stopped child gets it) and kills what is still
+  alive after SHUTDOWN_SECONDS.
   """
 
   SERVERS = ('replay', 'logger')
@@ -250,6 +256,10 @@ class Children:
     self.backoff = backoff
     self.restarts = collections.Counter()
     self.due = {}  # name -> time a dead child may be restarted
+    self.lock = threading.RLock()  # supervise() vs stop_all()
+    self.stopping = False
+    self.halt = threading.Event()
+    self.thread = None
 
   def start(self, name, target, config, *args):
     proc = self.context.Process(
@@ -265,11 +275,29 @@ class Children:
 
   def supervise(self):
     """Restarts dead children whose backoff has passed."""
+    with self.lock:
+      if not self.stopping:
+        self._supervise()
+
+  def supervise_in_background(self, every=0.5):
+    if self.thread is None:
+      def loop():
+        while not self.halt.wait(every):
+          self.supervise()
+      self.thread = threading.Thread(
+          target=loop, name='Supervisor', daemon=True)
+      self.thread.start()
+
+  def _supervise(self):
     now = time.monotonic()
     for name, proc in list(self.procs.items()):
       if proc.is_alive() or (name == 'agent'):
         continue
       if name not in self.SERVERS and not self.restart_envs:
+        continue
+      if proc.exitcode == 0:
+        # It was asked to stop (SIGINT/SIGTERM, e.g. Ctrl-C reaches the
+        # whole process group) and saved: not a crash, not restarted.
         continue
       if name not in self.due:
         delay = min(self.backoff[1],
@@ -291,13 +319,25 @@ class Children:
     return proc.exitcode if not proc.is_alive() else 0
 
   def stop_all(self):
+    with self.lock:  # Waits for a restart in progress; no restarts after.
+      self.stopping = True
+    self.halt.set()
+    if self.thread is not None:
+      self.thread.join()
     # Envs first, so nothing new reaches replay and logger while they save.
     others = [n for n in self.procs if n not in self.SERVERS]
     servers = [n for n in self.procs if n in self.SERVERS]
     for group in (others, servers):
       for name in group:
-        if self.procs[name].is_alive():
-          self.procs[name].terminate()
+        proc = self.procs[name]
+        if proc.is_alive():
+          proc.terminate()
+          # A stopped (SIGSTOP, hung) child only acts on SIGTERM once it
+          # runs again; without this it would wait out the whole deadline.
+          try:
+            os.kill(proc.pid, signal.SIGCONT)
+          except ProcessLookupError:
+            pass
       deadline = time.monotonic() + SHUTDOWN_SECONDS
       for name in group:
         self.procs[name].join(max(0.0, deadline - time.monotonic()))

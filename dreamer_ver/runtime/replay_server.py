@@ -290,12 +290,20 @@ class ReplayService:
 
   # ---------------------------------------------------------- save / load
 
-  def save(self, wait=False):
-    """Replays write changed chunks (in the background unless ``wait``);
-    the limiter state goes to ``ckpt/replay.json`` atomically."""
-    self.train.save(wait=wait)
-    self.eval.save(wait=wait)
+  def save(self, wait=True):
+    """Replays write changed chunks, then the limiter state goes to
+    ``ckpt/replay.json`` atomically.
+
+    The limiter is read before the chunks are written, and the json is only
+    written once they are on disk, so a crash at any point leaves a saved
+    insert count no larger than the saved rows (writing the json while the
+    chunks were still queued let a kill leave a count ahead of the data).
+    So a save always waits for its writes; ``wait`` is kept for callers.
+    """
+    del wait
     state = {'limiter': self.limiter.save(), 'time': time.time()}
+    self.train.save(wait=True)
+    self.eval.save(wait=True)
     _write_json(self.ckpt, state)
 
   def load(self):
@@ -391,7 +399,10 @@ def serve_replay(config, stop=None):
         last_save = now
         if service.activity != saved_activity:
           saved_activity = service.activity
-          service.save()
+          try:
+            service.save()
+          except Exception as error:  # E.g. a full disk: keep serving.
+            print(f'[replay] save failed: {error!r}', flush=True)
       if now - last_log >= log_every:
         last_log = now
         stats = service.stats()
