@@ -307,7 +307,7 @@ def _wait_for_stop(config, ready):
 
 def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
   from types import SimpleNamespace
-  from dreamer_ver.runtime.parallel import Children
+  from dreamer_ver.runtime.supervisor import Children
   children = Children()
   ready = tmp_path / 'ready'
   proc = children.start('env0', f'{__name__}:_wait_for_stop',
@@ -329,7 +329,7 @@ def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
 
 def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
   from types import SimpleNamespace
-  from dreamer_ver.runtime.parallel import Children
+  from dreamer_ver.runtime.supervisor import Children
   children = Children(backoff=(0.0, 0.0))
   ready = tmp_path / 'ready'
   proc = children.start('env0', f'{__name__}:_wait_for_stop',

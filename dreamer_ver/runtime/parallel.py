@@ -13,14 +13,7 @@ Components find each other by `run.actor_addr`, `run.replay_addr` and
 are served, or on SIGINT/SIGTERM; every component saves before it exits.
 """
 
-import collections
-import importlib
-import multiprocessing
-import os
-import signal
 import threading
-import time
-from pathlib import Path
 
 import elements
 import portal
@@ -33,10 +26,9 @@ from dreamer_ver.runtime.batcher import BatchServer
 from dreamer_ver.runtime.env_worker import run_env
 from dreamer_ver.runtime.learner import Checkpoint, Learner
 from dreamer_ver.runtime.params import ParamsStore
+from dreamer_ver.runtime.supervisor import Children
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, fill_auto_ports, server_kwargs, with_token)
-
-SHUTDOWN_SECONDS = 15
 
 
 # ------------------------------------------------------------------ scripts
@@ -221,127 +213,3 @@ def _buckets(run, max_batch):
     sizes.append(size)
     size *= 2
   return sizes + [max_batch]
-
-
-def _call(name, target, config, *args):
-  """Child process entry: record the pid as `logdir/pids/<name>` (for
-  operators and fault tests), import `module:function`, exit with its code."""
-  pids = Path(config.logdir) / 'pids'
-  pids.mkdir(parents=True, exist_ok=True)
-  (pids / name).write_text(str(os.getpid()))
-  module, function = target.split(':')
-  fn = getattr(importlib.import_module(module), function)
-  raise SystemExit(fn(config, *args) or 0)
-
-
-class Children:
-  """Child processes started with 'spawn'.
-
-  `supervise()` restarts children that died with a non-zero exit code (a
-  child exits 0 only when told to stop; env processes only when
-  `restart_envs`), waiting an exponential backoff per child so a process
-  that keeps crashing does not spin; `supervise_in_background()` calls it
-  every half second on a daemon thread. `stop_all()` ends supervision, sends
-  SIGTERM (and SIGCONT, so a stopped child gets it) and kills what is still
-  alive after SHUTDOWN_SECONDS.
-  """
-
-  SERVERS = ('replay', 'logger')
-
-  def __init__(self, restart_envs=True, backoff=(1.0, 30.0)):
-    self.context = multiprocessing.get_context('spawn')
-    self.procs = {}
-    self.specs = {}
-    self.restart_envs = restart_envs
-    self.backoff = backoff
-    self.restarts = collections.Counter()
-    self.due = {}  # name -> time a dead child may be restarted
-    self.lock = threading.RLock()  # supervise() vs stop_all()
-    self.stopping = False
-    self.halt = threading.Event()
-    self.thread = None
-
-  def start(self, name, target, config, *args):
-    proc = self.context.Process(
-        target=_call, args=(name, target, config, *args), name=name,
-        daemon=False)
-    proc.start()
-    self.procs[name] = proc
-    self.specs[name] = (target, config, *args)
-    return proc
-
-  def alive(self):
-    return any(p.is_alive() for p in self.procs.values())
-
-  def supervise(self):
-    """Restarts dead children whose backoff has passed."""
-    with self.lock:
-      if not self.stopping:
-        self._supervise()
-
-  def supervise_in_background(self, every=0.5):
-    if self.thread is None:
-      def loop():
-        while not self.halt.wait(every):
-          self.supervise()
-      self.thread = threading.Thread(
-          target=loop, name='Supervisor', daemon=True)
-      self.thread.start()
-
-  def _supervise(self):
-    now = time.monotonic()
-    for name, proc in list(self.procs.items()):
-      if proc.is_alive() or (name == 'agent'):
-        continue
-      if name not in self.SERVERS and not self.restart_envs:
-        continue
-      if proc.exitcode == 0:
-        # It was asked to stop (SIGINT/SIGTERM, e.g. Ctrl-C reaches the
-        # whole process group) and saved: not a crash, not restarted.
-        continue
-      if name not in self.due:
-        delay = min(self.backoff[1],
-                    self.backoff[0] * 2 ** self.restarts[name])
-        self.due[name] = now + delay
-        print(f'{name} exited with code {proc.exitcode}; restarting in '
-              f'{delay:.0f} s.')
-        continue
-      if now >= self.due[name]:
-        del self.due[name]
-        self.restarts[name] += 1
-        self.start(name, *self.specs[name])
-
-  def wait_for(self, name, stop):
-    proc = self.procs[name]
-    while proc.is_alive() and not stop:
-      self.supervise()
-      proc.join(0.2)
-    return proc.exitcode if not proc.is_alive() else 0
-
-  def stop_all(self):
-    with self.lock:  # Waits for a restart in progress; no restarts after.
-      self.stopping = True
-    self.halt.set()
-    if self.thread is not None:
-      self.thread.join()
-    # Envs first, so nothing new reaches replay and logger while they save.
-    others = [n for n in self.procs if n not in self.SERVERS]
-    servers = [n for n in self.procs if n in self.SERVERS]
-    for group in (others, servers):
-      for name in group:
-        proc = self.procs[name]
-        if proc.is_alive():
-          proc.terminate()
-          # A stopped (SIGSTOP, hung) child only acts on SIGTERM once it
-          # runs again; without this it would wait out the whole deadline.
-          try:
-            os.kill(proc.pid, signal.SIGCONT)
-          except ProcessLookupError:
-            pass
-      deadline = time.monotonic() + SHUTDOWN_SECONDS
-      for name in group:
-        self.procs[name].join(max(0.0, deadline - time.monotonic()))
-        if self.procs[name].is_alive():
-          print(f'{name} did not stop within {SHUTDOWN_SECONDS} s; killing it.')
-          self.procs[name].kill()
-          self.procs[name].join()
