@@ -36,13 +36,18 @@ class EnvClient:
     set first."""
     self.close()
     while not stop:
+      sock = None
       try:
         sock = socket.create_connection(self.addr, timeout=1.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(self.handshake)
       except OSError:
+        # Refused, or reset by a server that is shutting down while it
+        # accepts (an agent being killed): both mean "try again later".
+        if sock is not None:
+          sock.close()
         stop.wait(retry)
         continue
-      sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-      sock.sendall(self.handshake)
       self.sock = sock
       return True
     return False
