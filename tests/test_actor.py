@@ -1,6 +1,7 @@
 """The actor behind the batch server: per-env carries routed by value."""
 
 import collections
+import concurrent.futures
 import multiprocessing
 import time
 
@@ -48,6 +49,9 @@ class Recorder:
 
   def add_batch(self, trans):
     self.batches.append(trans)
+    future = concurrent.futures.Future()
+    future.set_result(None)
+    return future
 
 
 def _fleet_config(port, envs):

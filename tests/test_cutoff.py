@@ -28,7 +28,8 @@ def trained(envs, step_time, inference, now=0.0, **kw):
 
 def test_waits_when_an_arrival_is_imminent_and_worth_it():
   # Inference is expensive (20 ms) and the other env is due in 1 ms:
-  # 2 / (1 + 20) ms beats 1 / 20 ms, so it waits about 1 ms.
+  # serving both at 21 ms (total 21 + 20 ms) beats serving env 0 at 20 ms
+  # and env 1 after a second batch at 40 ms (total 20 + 39 ms).
   policy, t = trained([0, 1], step_time=0.010, inference=0.020)
   policy.observe_reply(1, t + 0.001)  # Env 1 got its reply 1 ms later.
   now = t + 0.010
@@ -45,6 +46,34 @@ def test_cuts_when_waiting_is_not_worth_it():
   # would serve 2 in 8.5 ms instead of 1 in 0.5 ms.
   policy, t = trained([0, 1], step_time=0.010, inference=0.0005)
   policy.observe_reply(1, t + 0.008)
+  now = t + 0.010
+  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+
+
+@pytest.mark.parametrize('due_ms, waits', [(1.5, True), (2.5, False)])
+def test_waits_only_while_an_arrival_beats_a_second_batch(due_ms, waits):
+  # One queued request, 4 ms per batch, the other env due in d ms. Waiting
+  # costs the queued request d ms and the arrival 0; cutting now makes the
+  # arrival wait for the running batch, 4 - d ms more. So it waits while
+  # 2 d < 4 ms.
+  policy, t = trained([0, 1], step_time=0.010, inference=0.004)
+  policy.observe_reply(1, t + due_ms / 1000)
+  now = t + 0.010
+  decision = policy.decide([Req(now, 0)], now)
+  if waits:
+    assert decision == pytest.approx(due_ms / 1000, abs=2e-4)
+  else:
+    assert decision == cutoff.Cut(1, 'optimum')
+
+
+def test_cuts_now_when_arrivals_are_spread_out():
+  # 1 ms per batch, four envs due 2, 4, 6 and 8 ms from now: each can be
+  # served on arrival, so holding the queued request for any of them only
+  # adds its wait (a model that lumps the later arrivals into one batch
+  # after the last one would wait 2 ms here).
+  policy, t = trained(list(range(5)), step_time=0.010, inference=0.001)
+  for env in range(1, 5):
+    policy.observe_reply(env, t + 0.002 * env)
   now = t + 0.010
   assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
 

@@ -54,6 +54,16 @@ def test_parallel_runs_to_steps_then_resumes(tmp_path):
   keys = set().union(*metrics)
   assert {'train/loss/dyn', 'fps/train', 'fps/policy',
           'replay/items'} <= keys, sorted(keys)
+  # The batch-size histogram: one count per size, summing to the batches
+  # of the same log interval; sizes never exceed the 5 envs (4 + 1 eval).
+  hists = [(m['actor/batches'], {int(k.rsplit('/', 1)[1]): v
+                                 for k, v in m.items()
+                                 if k.startswith('actor/batch_size/')})
+           for m in metrics if 'actor/batches' in m]
+  assert any(h for _, h in hists), 'no batch-size histogram logged'
+  for batches, hist in hists:
+    assert sum(hist.values()) == batches, (batches, hist)
+    assert all(1 <= size <= 5 for size in hist), hist
   scores = [json.loads(l) for l in (logdir / 'scores.jsonl').open()]
   assert scores and all(s['length'] == 20 for s in scores)
   assert (logdir / 'pids' / 'replay').exists()

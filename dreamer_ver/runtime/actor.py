@@ -42,10 +42,11 @@ class Actor:
     self.key = jax.random.PRNGKey(seed)
     self.batches = 0
     self.lock = threading.Lock()
-    self.replay = replay  # portal.Client of the replay server, or None
-    self.logger = logger  # portal.Client of the logger server, or None
+    self.replay = replay  # client.Client of the replay server, or None
+    self.logger = logger  # client.Client of the logger server, or None
     self.pending = {}  # id(requests) -> transitions, from handle to post
     self.served = 0  # train env steps served (eval rows excluded)
+    self.post_errors = 0  # add_batch / tran calls that came back failed
     self.version = 0  # params version of the latest batch
     self._step = jax.jit(self._step_fn, donate_argnums=(1,))
 
@@ -110,9 +111,20 @@ class Actor:
     trans, logs = entry
     self.served += int((~trans['is_eval']).sum())
     if self.replay is not None:
-      self.replay.add_batch(trans)
+      self._watch(self.replay.add_batch(trans), 'replay.add_batch')
     if self.logger is not None:
-      self.logger.tran({**trans, **logs})
+      self._watch(self.logger.tran({**trans, **logs}), 'logger.tran')
+
+  def _watch(self, future, what):
+    """Nobody waits for the posts' replies; a failed one is counted and
+    the first few are printed, so a rejected batch is never silent."""
+    def done(future):
+      error = future.exception()
+      if error is not None:
+        self.post_errors += 1
+        if self.post_errors <= 5:
+          print(f'[actor] {what} failed: {error}', flush=True)
+    future.add_done_callback(done)
 
   def step(self, datas):
     """Runs the policy on a list of valid request dicts. Returns the

@@ -232,25 +232,36 @@ class Preempt(Cutoff):
 
     Every option serves the same requests (the queued ones and the predicted
     arrivals): waiting for the first j arrivals serves k + j in one batch
-    when the j-th arrives, and the rest in the next batch, which starts when
-    the actor is free and the last of them has arrived. The option with the
-    least total time from arrival (or now, for queued requests) to reply
-    serves the fleet fastest: cutting at once wins when inference is cheap
-    against the gaps between arrivals, batching wins when its fixed cost
-    dominates.
+    when the j-th arrives; the later arrivals are then served the way the
+    actor serves them online once it is free (`_greedy_cost`). The option
+    with the least total time from arrival (or now, for queued requests) to
+    reply serves the fleet fastest: cutting at once wins when inference is
+    cheap against the gaps between arrivals, waiting wins when an arrival is
+    due before a second batch could be paid for.
     """
-    total = len(arrivals)
     best, best_wait, best_cost = 0, 0.0, None
-    for j in range(total + 1):
+    for j in range(len(arrivals) + 1):
       start = arrivals[j - 1] if j else now
       done = start + self._infer(count + j)
       cost = count * (done - now) + sum(done - a for a in arrivals[:j])
-      if j < total:
-        rest_done = max(done, arrivals[-1]) + self._infer(total - j)
-        cost += sum(rest_done - a for a in arrivals[j:])
+      cost += self._greedy_cost(done, arrivals[j:])
       if best_cost is None or cost < best_cost - 1e-12:
         best, best_wait, best_cost = j, start - now, cost
     return best, best_wait
+
+  def _greedy_cost(self, free, arrivals):
+    """Total time to reply of sorted `arrivals` served by an actor that is
+    free at `free` and cuts whatever has arrived whenever it is free."""
+    cost, i = 0.0, 0
+    while i < len(arrivals):
+      start = max(free, arrivals[i])
+      k = i
+      while k < len(arrivals) and arrivals[k] <= start:
+        k += 1
+      free = start + self._infer(k - i)
+      cost += sum(free - a for a in arrivals[i:k])
+      i = k
+    return cost
 
   def _cut(self, count, reason, now):
     if self.decided is not None:

@@ -35,12 +35,13 @@ class Prefetch:
 
 
 def wait(future, stop, poll=0.2):
-  """A future's result, or None once `stop()` is true. Waits in slices:
-  portal's Future.wait can miss a wake-up, so never wait unboundedly."""
-  while not future.wait(poll):
-    if stop():
-      return None
-  return future.result()
+  """A future's result, or None once `stop()` is true."""
+  while True:
+    try:
+      return future.result(timeout=poll)
+    except TimeoutError:
+      if stop():
+        return None
 
 
 class Checkpoint:
@@ -75,8 +76,8 @@ class Learner:
     self.state = state
     self.params = params_store
     self.config = config
-    self.replay = replay  # portal.Client of the replay server
-    self.logger = logger  # portal.Client of the logger server, or None
+    self.replay = replay  # client.Client of the replay server
+    self.logger = logger  # client.Client of the logger server, or None
     self.ckpt = ckpt
     self.counters = counters  # shared with the agent loop: steps, version
     self.carry = agent.init_carry(config.batch_size)

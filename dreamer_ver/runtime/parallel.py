@@ -16,13 +16,13 @@ are served, or on SIGINT/SIGTERM; every component saves before it exits.
 import threading
 
 import elements
-import portal
 
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_env
 from dreamer_ver.runtime import cutoff as cutofflib
 from dreamer_ver.runtime.actor import Actor
 from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.client import Client
 from dreamer_ver.runtime.env_worker import run_env
 from dreamer_ver.runtime.learner import Checkpoint, Learner
 from dreamer_ver.runtime.params import ParamsStore
@@ -46,7 +46,8 @@ def parallel(config):
   if not run.remote_envs:
     _start_env_workers(children, config, offset=0)
   # Supervise on a thread of its own: the agent's loop can block on a client
-  # call to a dead server (portal waits for the reconnect), and that server
+  # call to a dead server (once a client's in-flight window is full it
+  # waits for the reconnect), and that server
   # must still get restarted.
   children.supervise_in_background()
   try:
@@ -115,20 +116,20 @@ def parallel_agent(config):
   actor = Actor(
       agent, store, slots=max(envs, max_batch), buckets=_buckets(run, max_batch),
       seed=config.seed,
-      replay=portal.Client(
+      replay=Client(
           run.replay_addr, 'ActorReplay', maxinflight=8, **client_kwargs(config)),
-      logger=portal.Client(
+      logger=Client(
           run.logger_addr, 'ActorLogger', maxinflight=8, **client_kwargs(config)))
   actor.served = counters['steps']
   inference = actor.compile()
   print('Policy compiled; inference ms per bucket:',
         {k: round(v * 1000, 2) for k, v in inference.items()})
 
-  logger = portal.Client(
+  logger = Client(
       run.logger_addr, 'LearnerLogger', maxinflight=2, **client_kwargs(config))
   learner = Learner(
       agent, state, store, config,
-      replay=portal.Client(
+      replay=Client(
           run.replay_addr, 'LearnerReplay', maxinflight=8, **client_kwargs(config)),
       logger=logger, ckpt=ckpt, counters=counters)
   clients = (actor.replay, actor.logger, learner.replay, logger)
@@ -162,8 +163,7 @@ def parallel_agent(config):
     fps.step(actor.served - last)
     last = actor.served
     if should_log():
-      stats = {f'actor/{k}': v for k, v in server.stats().items()
-               if isinstance(v, (int, float))}
+      stats = actor_stats(server.stats())
       stats['fps/policy'] = fps.result()
       stats['actor/served'] = actor.served
       # Updates the learner made since the params of the latest batch.
@@ -181,6 +181,17 @@ def parallel_agent(config):
 
 
 # ------------------------------------------------------------------ helpers
+
+def actor_stats(stats):
+  """The batch server's stats as logger scalars; the batch-size histogram
+  becomes one count per size (`actor/batch_size/007`, zero-padded so the
+  keys sort by size)."""
+  scalars = {f'actor/{k}': v for k, v in stats.items()
+             if isinstance(v, (int, float))}
+  for size, count in stats.get('batch_sizes', {}).items():
+    scalars[f'actor/batch_size/{size:03d}'] = count
+  return scalars
+
 
 def _with_ports(config):
   run = config.run

@@ -38,6 +38,7 @@ import numpy as np
 from dreamer_ver.replay import (
     Mixture, Prioritized, Recency, Replay, SamplesPerInsert, Uniform,
     Unlimited)
+from dreamer_ver.runtime.client import Client
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, server_kwargs, split_addr)
 
@@ -422,17 +423,16 @@ def serve_replay(config, stop=None):
 class LoggerLink:
   """Sends metrics to the logger server without ever blocking the caller.
 
-  A portal client blocks while its server is unreachable, so the calls run
-  on a daemon thread; while one is outstanding, newer metrics replace older
-  unsent ones (counted in ``dropped``). The client itself is made by the
-  caller's thread, which portal expects to own its sockets.
+  A client call blocks while its server is unreachable and the in-flight
+  window is full, so the calls run on a daemon thread; while one is
+  outstanding, newer metrics replace older unsent ones (counted in
+  ``dropped``).
   """
 
   def __init__(self, addr, name, **kwargs):
-    import portal
     self.name = name
     self.dropped = 0
-    self._client = portal.Client(addr, name, maxinflight=1, **kwargs)
+    self._client = Client(addr, name, maxinflight=1, **kwargs)
     self._pending = None
     self._closed = False
     self._cond = threading.Condition()

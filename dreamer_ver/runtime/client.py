@@ -1,0 +1,151 @@
+"""A futures client for portal's wire protocol: the agent's links to the
+replay and logger servers, and the replay server's link to the logger.
+
+portal.Client's socket thread busy-polls after some replies: it can stay in
+its "writing" state with nothing left to send until the next call. Measured
+on this project's runs, its loops took about two thirds of the agent
+process's Python samples and half a core in the replay server, CPU that the
+learner needs on a small machine. This client keeps what the runtime relies
+on from portal.Client -- `client.method(*args)` returns a future, at most
+`maxinflight` calls are outstanding (more block the caller), and it
+reconnects by itself and resends the calls still in flight -- with one
+receiver thread that sleeps in `select` until a reply arrives (waking twice
+a second to see whether the client was closed).
+
+Locks: `_send_lock` orders every write to the socket (calls, and the resend
+after a reconnect, so no call is sent twice on one connection); `_cond`
+guards the table of calls in flight. The receiver never takes `_send_lock`
+while it reads, so a caller blocked in a large send cannot stop replies from
+being read.
+"""
+
+import concurrent.futures
+import functools
+import itertools
+import socket
+import threading
+
+from portal.client_socket import Disconnected
+
+from dreamer_ver.runtime import wire
+from dreamer_ver.runtime.process import StopSignal, split_addr
+
+
+class Client:
+
+  def __init__(self, addr, name='Client', maxinflight=16,
+               handshake=wire.HANDSHAKE, max_msg_size=2 ** 32):
+    if maxinflight < 1:
+      raise ValueError(f'maxinflight must be >= 1, got {maxinflight}')
+    self.addr = split_addr(addr)
+    self.name = name
+    self.maxinflight = maxinflight
+    self.handshake = handshake
+    self.max_msg_size = max_msg_size
+    self._reqnums = itertools.count()
+    self._inflight = {}  # reqnum -> (request parts, future), oldest first
+    self._cond = threading.Condition()
+    self._send_lock = threading.Lock()
+    self._sock = None
+    self._stop = StopSignal(install=False)
+    self._thread = threading.Thread(
+        target=self._receive, name=f'{name}Receiver', daemon=True)
+    self._thread.start()
+
+  @property
+  def connected(self):
+    return self._sock is not None
+
+  def __getattr__(self, name):
+    if name.startswith('_'):
+      raise AttributeError(name)
+    return functools.partial(self.call, name)
+
+  def call(self, method, *args):
+    """Sends `method(*args)`; returns a concurrent.futures.Future of the
+    result (an error reply raises RuntimeError from `result()`). Blocks
+    while `maxinflight` calls are outstanding."""
+    reqnum = next(self._reqnums)
+    parts = wire.request(reqnum, method, args)
+    future = concurrent.futures.Future()
+    with self._cond:
+      while len(self._inflight) >= self.maxinflight and not self._stop:
+        self._cond.wait(0.2)
+    with self._send_lock:
+      if self._stop:
+        raise Disconnected(f'{self.name} is closed')
+      with self._cond:
+        self._inflight[reqnum] = (parts, future)
+      if self._sock is not None:
+        try:
+          wire.send(self._sock, parts)
+        except OSError:
+          # The receiver sees the broken connection, reconnects and
+          # resends this call with the others in flight.
+          _shutdown(self._sock)
+    return future
+
+  def close(self, timeout=None):
+    """Stops the receiver; calls still in flight fail with Disconnected."""
+    self._stop.set()
+    self._thread.join(timeout)
+    with self._send_lock, self._cond:
+      if self._sock is not None:
+        self._sock.close()
+        self._sock = None
+      inflight, self._inflight = self._inflight, {}
+      self._cond.notify_all()
+    for _, future in inflight.values():
+      future.set_exception(Disconnected(f'{self.name} closed'))
+
+  # ------------------------------------------------------------ receiver
+
+  def _receive(self):
+    while not self._stop:
+      if self._sock is None and not self._connect():
+        return
+      try:
+        frame = wire.recv(self._sock, self._stop, self.max_msg_size)
+      except (OSError, EOFError):
+        with self._send_lock:
+          self._sock.close()
+          self._sock = None
+        continue
+      if frame is None:
+        return
+      with self._cond:
+        entry = self._inflight.pop(wire.reqnum_of(frame), None)
+        self._cond.notify_all()
+      if entry is None:
+        continue  # A reply to a call that was answered already.
+      try:
+        result = wire.reply(frame)[1]
+      except Exception as error:  # An error reply, or one that won't unpack.
+        entry[1].set_exception(error)
+      else:
+        entry[1].set_result(result)
+
+  def _connect(self):
+    """Connects (retrying until closed) and resends the calls in flight, in
+    their order. Returns False if the client was closed first."""
+    sock = wire.connect(self.addr, self.handshake, self._stop)
+    if sock is None:
+      return False
+    with self._send_lock:
+      with self._cond:
+        resend = [parts for parts, _ in self._inflight.values()]
+      try:
+        for parts in resend:
+          wire.send(sock, parts)
+      except OSError:
+        sock.close()
+        return True  # Lost again at once: the next round retries.
+      self._sock = sock
+    return True
+
+
+def _shutdown(sock):
+  try:
+    sock.shutdown(socket.SHUT_RDWR)
+  except OSError:
+    pass

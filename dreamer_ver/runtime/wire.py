@@ -1,0 +1,93 @@
+"""portal's wire protocol, client side, as plain functions on a socket.
+
+A frame is an 8-byte little-endian length and that many bytes. A request is
+(8-byte request number, 8-byte method-name length, method name, portal's
+packed args); a reply is (request number, 8-byte status, packed result or,
+for status != 0, an error message). A new connection first sends the
+handshake string. portal's servers, and our own batch server, read exactly
+this, so clients built on these functions need no change on the server side.
+"""
+
+import select
+import socket
+
+import numpy as np
+from portal import packlib
+
+HANDSHAKE = 'portal_handshake'
+
+
+def connect(addr, handshake, stop, retry=0.1):
+  """A connected socket that has sent the handshake; retries until `stop`
+  (a StopSignal) is set, then returns None."""
+  while not stop:
+    sock = None
+    try:
+      sock = socket.create_connection(addr, timeout=1.0)
+      sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+      sock.sendall(handshake.encode('utf-8'))
+      sock.settimeout(None)  # blocking; `recv` polls with select
+    except OSError:
+      # Refused, or reset by a server that is shutting down while it
+      # accepts (an agent being killed): both mean "try again later".
+      if sock is not None:
+        sock.close()
+      stop.wait(retry)
+      continue
+    return sock
+  return None
+
+
+def request(reqnum, method, args):
+  """The parts of one request frame (without the length prefix)."""
+  name = method.encode('utf-8')
+  return [reqnum.to_bytes(8, 'little'), len(name).to_bytes(8, 'little'),
+          name, *packlib.pack(args)]
+
+
+def send(sock, parts):
+  """Sends one frame; raises OSError when the connection is gone."""
+  size = sum(len(memoryview(p).cast('B')) for p in parts)
+  sock.sendmsg([size.to_bytes(8, 'little'), *parts])
+
+
+def recv(sock, stop, max_size, poll=0.5):
+  """The next frame, as a memoryview; None once `stop` is set while waiting
+  (checked every `poll` seconds). Raises EOFError or OSError when the
+  connection closes or sends a frame size outside [16, max_size]."""
+  header = _recv_exact(sock, 8, stop, poll)
+  if header is None:
+    return None
+  size = int.from_bytes(header, 'little')
+  if not 16 <= size <= max_size:
+    raise EOFError(f'bad frame size {size}')
+  return _recv_exact(sock, size, stop, poll)
+
+
+def reply(frame):
+  """A reply frame -> (request number, result); an error reply raises
+  RuntimeError with the server's message."""
+  reqnum = int.from_bytes(frame[:8], 'little')
+  status = int.from_bytes(frame[8:16], 'little')
+  if status:
+    raise RuntimeError(bytes(frame[16:]).decode('utf-8', 'replace'))
+  return reqnum, packlib.unpack(frame[16:])
+
+
+def reqnum_of(frame):
+  return int.from_bytes(frame[:8], 'little')
+
+
+def _recv_exact(sock, size, stop, poll):
+  buffer = memoryview(np.empty(size, np.uint8).data)
+  pos = 0
+  while pos < size:
+    if not select.select([sock], [], [], poll)[0]:
+      if stop:
+        return None
+      continue
+    got = sock.recv_into(buffer[pos:])
+    if not got:
+      raise EOFError('connection closed')
+    pos += got
+  return buffer

@@ -1,0 +1,148 @@
+"""The futures client (runtime/client.py) against unmodified portal servers:
+results by value, error replies, back-pressure, and resending what was in
+flight when the server restarts."""
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import portal
+import pytest
+from portal.client_socket import Disconnected
+
+from dreamer_ver.runtime.client import Client
+from dreamer_ver.runtime.process import free_port
+
+
+def _server(port, calls=None, gate=None):
+  server = portal.Server(port, 'Echo', host='127.0.0.1', errors=False,
+                         logging=False)
+
+  def add(x, y):
+    if gate is not None:
+      gate.wait()
+    if calls is not None:
+      calls.append(int(x))
+    if x < 0:
+      raise ValueError(f'negative x={x}')
+    return {'sum': np.asarray(x + y)}
+
+  server.bind('add', add, workers=1)
+  server.start(block=False)
+  return server
+
+
+def test_results_errors_and_many_calls_in_flight():
+  port = free_port()
+  server = _server(port)
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=4)
+  try:
+    futures = [client.add(i, np.arange(3)) for i in range(50)]
+    for i, future in enumerate(futures):
+      np.testing.assert_array_equal(
+          future.result(timeout=10)['sum'], i + np.arange(3))
+    with pytest.raises(RuntimeError, match='negative x=-1'):
+      client.add(-1, 0).result(timeout=10)
+    assert client.add(2, 3).result(timeout=10)['sum'] == 5  # still serving
+    big = np.ones((1000, 1000), np.float32)  # 4 MB each way
+    assert client.add(1, big).result(timeout=10)['sum'].sum() == 2e6
+  finally:
+    client.close(timeout=2)
+    server.close()
+
+
+def test_maxinflight_blocks_the_caller_until_a_reply():
+  port = free_port()
+  gate = threading.Event()
+  server = _server(port, gate=gate)
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=2)
+  try:
+    first = [client.add(i, 0) for i in range(2)]
+    third = []
+    thread = threading.Thread(target=lambda: third.append(client.add(7, 0)))
+    thread.start()
+    time.sleep(0.5)
+    assert not third, 'a third call went out with two in flight'
+    gate.set()
+    thread.join(timeout=10)
+    assert [f.result(timeout=10)['sum'] for f in first] == [0, 1]
+    assert third[0].result(timeout=10)['sum'] == 7
+  finally:
+    gate.set()
+    client.close(timeout=2)
+    server.close()
+
+
+def test_resends_calls_in_flight_after_the_server_restarts():
+  # First a server that takes the calls and dies without replying (a raw
+  # socket), then a real one on the same port: the calls that were in
+  # flight are answered by the second, in order, each exactly once.
+  port = free_port()
+  listener = socket.create_server(('127.0.0.1', port))
+  received = []
+
+  def swallow():
+    conn, _ = listener.accept()
+    conn.settimeout(0.5)
+    try:
+      while True:
+        data = conn.recv(1 << 16)
+        if not data:
+          break
+        received.append(data)
+    except socket.timeout:
+      pass
+    conn.close()
+    listener.close()
+
+  thread = threading.Thread(target=swallow)
+  thread.start()
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=8)
+  try:
+    pending = [client.add(i, 100) for i in range(10, 13)]
+    thread.join(timeout=10)
+    assert received, 'the first server saw no requests'
+    assert not any(f.done() for f in pending)
+    calls = []
+    server = _server(port, calls)
+    try:
+      assert [f.result(timeout=20)['sum'] for f in pending] == [110, 111, 112]
+      assert calls == [10, 11, 12]
+      assert client.add(5, 5).result(timeout=10)['sum'] == 10
+    finally:
+      server.close()
+  finally:
+    client.close(timeout=2)
+
+
+def test_close_fails_calls_in_flight_and_later_calls():
+  port = free_port()  # Nobody listens: calls stay in flight.
+  client = Client(f'127.0.0.1:{port}', 'Test')
+  future = client.add(1, 2)
+  client.close(timeout=2)
+  with pytest.raises(Disconnected):
+    future.result(timeout=1)
+  with pytest.raises(Disconnected):
+    client.add(1, 2)
+
+
+def test_idle_client_uses_no_cpu():
+  port = free_port()
+  server = _server(port)
+  client = Client(f'127.0.0.1:{port}', 'Test')
+  try:
+    for i in range(20):  # Replies, then silence: portal.Client could spin.
+      client.add(i, 0)
+    client.add(0, 0).result(timeout=10)
+    start = os.times()
+    time.sleep(2.0)
+    end = os.times()
+    used = (end.user + end.system) - (start.user + start.system)
+    # This process also runs portal's server; both idle should be far
+    # below a busy thread (2 CPU seconds).
+    assert used < 0.4, f'{used:.2f} CPU seconds in 2 s of idling'
+  finally:
+    client.close(timeout=2)
+    server.close()
