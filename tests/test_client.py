@@ -12,7 +12,7 @@ import portal
 import pytest
 from portal.client_socket import Disconnected
 
-from dreamer_ver.runtime.client import Client
+from dreamer_ver.runtime.client import Client, Dropped
 from dreamer_ver.runtime.process import free_port
 
 
@@ -146,3 +146,25 @@ def test_idle_client_uses_no_cpu():
   finally:
     client.close(timeout=2)
     server.close()
+
+
+def test_drop_mode_never_blocks_and_delivers_once_the_server_is_up():
+  port = free_port()  # The logger is down.
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=1,
+                  when_full='drop')
+  try:
+    first = client.add(1, 1)
+    started = time.monotonic()
+    second = client.add(2, 2)
+    assert time.monotonic() - started < 1.0  # never waits for the server
+    with pytest.raises(Dropped, match='1 calls in flight, add dropped'):
+      second.result(timeout=0)
+    assert client.dropped == 1
+    server = _server(port)  # It comes back: the call in flight arrives.
+    try:
+      assert first.result(timeout=20)['sum'] == 2
+      assert client.add(3, 3).result(timeout=10)['sum'] == 6
+    finally:
+      server.close()
+  finally:
+    client.close(timeout=2)

@@ -31,15 +31,28 @@ from dreamer_ver.runtime import wire
 from dreamer_ver.runtime.process import StopSignal, split_addr
 
 
-class Client:
+class Dropped(RuntimeError):
+  """A call that a `when_full='drop'` client did not send."""
 
-  def __init__(self, addr, name='Client', maxinflight=16,
+
+class Client:
+  """`when_full` says what a call does while `maxinflight` calls are
+  outstanding: 'block' waits (back-pressure: transitions to replay), 'drop'
+  returns a future failed with Dropped at once, counted in `dropped`
+  (metrics to the logger: a logger that is down or slow must never hold up
+  acting or training)."""
+
+  def __init__(self, addr, name='Client', maxinflight=16, when_full='block',
                handshake=wire.HANDSHAKE, max_msg_size=2 ** 32):
     if maxinflight < 1:
       raise ValueError(f'maxinflight must be >= 1, got {maxinflight}')
+    if when_full not in ('block', 'drop'):
+      raise ValueError(f"when_full must be 'block' or 'drop', not {when_full!r}")
     self.addr = split_addr(addr)
     self.name = name
     self.maxinflight = maxinflight
+    self.when_full = when_full
+    self.dropped = 0
     self.handshake = handshake
     self.max_msg_size = max_msg_size
     self._reqnums = itertools.count()
@@ -63,14 +76,20 @@ class Client:
 
   def call(self, method, *args):
     """Sends `method(*args)`; returns a concurrent.futures.Future of the
-    result (an error reply raises RuntimeError from `result()`). Blocks
-    while `maxinflight` calls are outstanding."""
-    reqnum = next(self._reqnums)
-    parts = wire.request(reqnum, method, args)
+    result (an error reply raises RuntimeError from `result()`). While
+    `maxinflight` calls are outstanding it blocks or drops (`when_full`)."""
     future = concurrent.futures.Future()
     with self._cond:
       while len(self._inflight) >= self.maxinflight and not self._stop:
+        if self.when_full == 'drop':
+          self.dropped += 1
+          future.set_exception(Dropped(
+              f'{self.name}: {self.maxinflight} calls in flight, '
+              f'{method} dropped'))
+          return future
         self._cond.wait(0.2)
+    reqnum = next(self._reqnums)
+    parts = wire.request(reqnum, method, args)
     with self._send_lock:
       if self._stop:
         raise Disconnected(f'{self.name} is closed')

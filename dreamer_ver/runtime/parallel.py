@@ -119,14 +119,16 @@ def parallel_agent(config):
       replay=Client(
           run.replay_addr, 'ActorReplay', maxinflight=8, **client_kwargs(config)),
       logger=Client(
-          run.logger_addr, 'ActorLogger', maxinflight=8, **client_kwargs(config)))
+          run.logger_addr, 'ActorLogger', maxinflight=8, when_full='drop',
+          **client_kwargs(config)))
   actor.served = counters['steps']
   inference = actor.compile()
   print('Policy compiled; inference ms per bucket:',
         {k: round(v * 1000, 2) for k, v in inference.items()})
 
   logger = Client(
-      run.logger_addr, 'LearnerLogger', maxinflight=2, **client_kwargs(config))
+      run.logger_addr, 'LearnerLogger', maxinflight=2, when_full='drop',
+      **client_kwargs(config))
   learner = Learner(
       agent, state, store, config,
       replay=Client(

@@ -388,8 +388,8 @@ def serve_replay(config, stop=None):
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
   server.start(block=False)
-  logger = LoggerLink(
-      config.run.logger_addr, 'ReplayLogger', **client_kwargs(config))
+  logger = Client(config.run.logger_addr, 'ReplayLogger', maxinflight=1,
+                  when_full='drop', **client_kwargs(config))
   save_every, log_every = config.run.save_every, config.run.log_every
   last_save = last_log = time.monotonic()
   saved_activity = service.activity
@@ -408,63 +408,16 @@ def serve_replay(config, stop=None):
         last_log = now
         stats = service.stats()
         stats.update(_prefix(server.stats(), 'server/replay'))
-        logger.send(stats)
+        logger.add(stats)
   finally:
     print('[replay] stopping: saving', flush=True)
     service.interrupt()
     server.close(timeout=5)
     service.save(wait=True)
     service.close()
-    logger.close()
+    logger.close(timeout=1)
   print('[replay] stopped', flush=True)
   return 0
-
-
-class LoggerLink:
-  """Sends metrics to the logger server without ever blocking the caller.
-
-  A client call blocks while its server is unreachable and the in-flight
-  window is full, so the calls run on a daemon thread; while one is
-  outstanding, newer metrics replace older unsent ones (counted in
-  ``dropped``).
-  """
-
-  def __init__(self, addr, name, **kwargs):
-    self.name = name
-    self.dropped = 0
-    self._client = Client(addr, name, maxinflight=1, **kwargs)
-    self._pending = None
-    self._closed = False
-    self._cond = threading.Condition()
-    self._thread = threading.Thread(
-        target=self._run, name=f'{name}Link', daemon=True)
-    self._thread.start()
-
-  def send(self, metrics):
-    with self._cond:
-      if self._pending is not None:
-        self.dropped += 1
-      self._pending = metrics
-      self._cond.notify()
-
-  def _run(self):
-    while True:
-      with self._cond:
-        self._cond.wait_for(lambda: self._pending is not None or self._closed)
-        if self._closed:
-          return
-        metrics, self._pending = self._pending, None
-      try:
-        self._client.add(metrics).result(timeout=60)
-      except Exception as error:
-        print(f'[{self.name}] logger call failed: {error!r}', flush=True)
-
-  def close(self):
-    with self._cond:
-      self._closed = True
-      self._cond.notify()
-    self._thread.join(timeout=1)
-    self._client.close(timeout=1)
 
 
 # ------------------------------------------------------------------ helpers
