@@ -26,7 +26,29 @@ import threading
 import time
 
 
-class SamplesPerInsert:
+class _Counts:
+  """The two numbers every limiter keeps, saved and restored as a dict."""
+
+  def __init__(self, avail=0.0):
+    self.size = 0
+    self.avail = avail
+    self.lock = threading.Lock()
+
+  def sample(self, amount=1):
+    with self.lock:
+      self.avail -= amount
+
+  def save(self):
+    with self.lock:
+      return {'size': self.size, 'avail': self.avail}
+
+  def load(self, state):
+    with self.lock:
+      self.size = int(state['size'])
+      self.avail = float(state['avail'])
+
+
+class SamplesPerInsert(_Counts):
 
   def __init__(self, samples_per_insert, tolerance, minsize=1):
     if minsize < 1:
@@ -36,9 +58,7 @@ class SamplesPerInsert:
     self.samples_per_insert = float(samples_per_insert)
     self.tolerance = float(tolerance)
     self.minsize = int(minsize)
-    self.size = 0
-    self.avail = -float(minsize)
-    self.lock = threading.Lock()
+    super().__init__(avail=-float(minsize))
 
   @property
   def limited(self):
@@ -83,27 +103,9 @@ class SamplesPerInsert:
       self.size += amount
       self.avail += earning * self.samples_per_insert
 
-  def sample(self, amount=1):
-    with self.lock:
-      self.avail -= amount
 
-  def save(self):
-    with self.lock:
-      return {'size': self.size, 'avail': self.avail}
-
-  def load(self, state):
-    with self.lock:
-      self.size = int(state['size'])
-      self.avail = float(state['avail'])
-
-
-class Unlimited:
+class Unlimited(_Counts):
   """A limiter that never makes anyone wait (same interface)."""
-
-  def __init__(self):
-    self.size = 0
-    self.avail = 0.0
-    self.lock = threading.Lock()
 
   limited = False
 
@@ -116,19 +118,6 @@ class Unlimited:
   def insert(self, amount=1):
     with self.lock:
       self.size += amount
-
-  def sample(self, amount=1):
-    with self.lock:
-      self.avail -= amount
-
-  def save(self):
-    with self.lock:
-      return {'size': self.size, 'avail': self.avail}
-
-  def load(self, state):
-    with self.lock:
-      self.size = int(state['size'])
-      self.avail = float(state['avail'])
 
 
 def wait(want, sleep=0.01, timeout=None):

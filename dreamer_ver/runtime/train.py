@@ -14,10 +14,10 @@ import elements
 import jax
 import numpy as np
 
-from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.envs import make_env
 from dreamer_ver.replay import Replay
+from dreamer_ver.runtime.learner import Checkpoint
 
 
 def train(config):
@@ -29,8 +29,12 @@ def train(config):
       config.batch_length + config.replay_context, int(config.replay.size),
       logdir / 'replay', config.replay.chunksize, config.replay.online,
       seed=config.seed)
-  ckpt = Checkpointer(logdir / 'ckpt', agent, config.seed)
-  state, counters = ckpt.load()
+  ckpt = Checkpoint(logdir)
+  state = agent.init_state(agent.init_params(config.seed), config.seed)
+  counters = {'steps': 0, 'version': 0}  # version: updates made
+  if ckpt.exists:
+    state, counters = ckpt.load(state)
+    print(f'Resumed from {ckpt.directory} at step {counters["steps"]}.')
   replay.load()
   logger = make_logger(logdir, counters['steps'], config)
   scores = ScoreWriter(logdir / 'scores.jsonl')
@@ -73,7 +77,7 @@ def train(config):
       batch = replay.sample(config.batch_size)
       state, train_carry, outs, mets = agent.train(state, train_carry, batch)
       replay.update(jax.device_get(outs['replay']))
-      counters['updates'] += 1
+      counters['version'] += 1
       fps_train.step(config.batch_size * config.batch_length)
       for k, v in mets.items():
         metrics[k].append(v)
@@ -85,7 +89,7 @@ def train(config):
       logger.add({'fps/policy': fps_policy.result(),
                   'fps/train': fps_train.result(),
                   'replay/size': len(replay),
-                  'train/updates': counters['updates']})
+                  'train/updates': counters['version']})
       logger.write()
       metrics.clear()
     if should_save():
@@ -134,28 +138,3 @@ def make_logger(logdir, step, config):
   if 'tensorboard' in config.logger.outputs:
     outputs.append(elements.logger.TensorBoardOutput(logdir))
   return elements.Logger(counter, outputs)
-
-
-class Checkpointer:
-  """Agent state as `agent.npz` plus counters as JSON, in one directory."""
-
-  def __init__(self, directory, agent, seed):
-    self.directory = Path(directory)
-    self.agent = agent
-    self.seed = seed
-
-  def load(self):
-    state = self.agent.init_state(self.agent.init_params(self.seed), self.seed)
-    counters = {'steps': 0, 'updates': 0}
-    path = self.directory / 'agent.npz'
-    if path.exists():
-      state = checkpoint.load(path, state)
-      counters.update(json.loads((self.directory / 'counters.json').read_text()))
-      print(f'Resumed from {self.directory} at step {counters["steps"]}.')
-    return state, counters
-
-  def save(self, state, counters):
-    checkpoint.save(state, self.directory / 'agent.npz')
-    tmp = self.directory / 'counters.json.tmp'
-    tmp.write_text(json.dumps(counters))
-    tmp.replace(self.directory / 'counters.json')
