@@ -398,7 +398,7 @@ def validate(config):
     need(c[key] >= 0, f'{key} must be >= 0 (got {c[key]})')
   for key in ('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
               'run.report_every', 'run.episode_timeout',
-              'run.actor_max_wait'):
+              'run.actor_max_wait', 'run.env_timeout'):
     need(c[key] > 0, f'{key} must be > 0 (got {c[key]})')
   need(c['run.actor_min_wait'] >= 0,
        f"run.actor_min_wait must be >= 0 (got {c['run.actor_min_wait']})")

@@ -112,12 +112,18 @@ def test_debug_block():
 def test_task_presets():
   c = C.compose(['cartpole'])
   assert c.task == 'gym_CartPole-v1' and c.run.steps == 5e4
-  assert c.run.envs == 4 and c.agent.rssm.deter == 512
+  assert c.run.envs == 4 and c.agent.rssm.deter == 256
+  assert c.agent.opt.lr == 3e-4 and c.run.train_ratio == 64
   c = C.compose(['dmc_proprio'])
   assert c.task == 'dmc_walker_walk' and c.env.dmc.image is False
   assert c.env.dmc.proprio is True and c.run.train_ratio == 1024.0
   assert c.agent == C.compose(['size1m']).agent
-  assert C.compose(['cartpole']).agent == C.compose(['size1m']).agent
+  # cartpole: size1m's widths, a smaller deter state and a larger step.
+  cartpole = C.compose(['cartpole']).agent
+  size1m = C.compose(['size1m']).agent
+  for key in ('enc', 'dec', 'rewhead', 'conhead', 'policy', 'value'):
+    assert cartpole[key] == size1m[key], key
+  assert cartpole.rssm.deter == 256 and size1m.rssm.deter == 512
   c = C.compose(['dmc_vision'])
   assert c.env.dmc.proprio is False and c.env.dmc.image is True
   assert c.run.train_ratio == 256.0 and c.agent.rssm.deter == 8192

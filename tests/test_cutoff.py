@@ -143,3 +143,6 @@ def test_make_cutoff_modes():
   fixed = cutoff.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
   assert isinstance(fixed, cutoff.Preempt)  # the default
   assert fixed.min_batch == 3 and fixed.max_batch == 5
+  assert fixed.forget == cfg.run.env_timeout == 5.0
+  run = configlib.override(cfg, {'run.env_timeout': 0.5}).run
+  assert cutoff.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5

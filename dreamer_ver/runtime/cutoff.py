@@ -360,5 +360,5 @@ def make_cutoff(run, envs, buckets, inference=None):
     return VER(min_batch, max_batch, run.actor_min_wait, run.actor_max_wait)
   if run.actor_cutoff == 'preempt':
     return Preempt(min_batch, max_batch, buckets, inference,
-                   max_wait=run.actor_max_wait)
+                   max_wait=run.actor_max_wait, forget=run.env_timeout)
   raise ValueError(f'unknown run.actor_cutoff {run.actor_cutoff!r}')
