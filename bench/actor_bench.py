@@ -265,6 +265,7 @@ class Fleet:
     self.stall = stall
     self.extra = extra
     self.procs = {}  # group index -> process
+    self.crashes = 0  # processes that exited with an error (not SIGUSR1)
 
   def start(self, index):
     group = self.groups[index]
@@ -284,13 +285,17 @@ class Fleet:
     """Restarts the env processes that died: the faults fleet kills some,
     and an env worker that reconnects while a server closes can crash
     (ConnectionResetError in EnvClient.connect's handshake)."""
+    revived = 0
     for index, proc in list(self.procs.items()):
       if not proc.is_alive():
         proc.join()
         if proc.exitcode:
+          self.crashes += 1
           print(f'  {proc.name} exited with code {proc.exitcode}; '
                 'restarting it.', flush=True)
         self.start(index)
+        revived += 1
+    return revived
 
   def wait_started(self, timeout=STARTUP_SECONDS):
     """Waits until every env process has built its envs (imports done), so
@@ -475,16 +480,31 @@ def _retry_bind(make, seconds=15.0):
 
 # ------------------------------------------------------------ one mode
 
-def _cpu_seconds(pids):
-  import psutil
-  total = 0.0
-  for pid in pids:
-    try:
-      times = psutil.Process(pid).cpu_times()
-      total += times.user + times.system
-    except psutil.Error:
-      pass
-  return total
+class _CPU:
+  """CPU seconds used by a set of processes since start. Processes that die
+  keep their last sample (taken every `update`)."""
+
+  def __init__(self, pids):
+    self.first = {p: t for p, t in self._read(pids).items()}
+    self.last = dict(self.first)
+
+  def update(self):
+    self.last.update(self._read(list(self.first)))
+
+  def seconds(self):
+    return sum(self.last[p] - self.first[p] for p in self.first)
+
+  @staticmethod
+  def _read(pids):
+    import psutil
+    times = {}
+    for pid in pids:
+      try:
+        cpu = psutil.Process(pid).cpu_times()
+        times[pid] = cpu.user + cpu.system
+      except psutil.Error:
+        pass
+    return times
 
 
 def run_mode(mode, fleet, spec, args, actor, config, inference):
@@ -504,19 +524,24 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
     # away are restarted now that this one listens; then every env is
     # served once (reconnects), then the warm-up, then the window.
     started = time.monotonic()
-    fleet.revive()
-    fleet.wait_started()
     ready = False
     while not ready and time.monotonic() < started + READY_SECONDS:
+      fleet.revive()
+      fleet.wait_started()
       time.sleep(0.05)
       with counter.lock:
         ready = fleet.alive() <= counter.envids
     record['ready_s'] = time.monotonic() - started if ready else None
     time.sleep(args.warmup)
+    if fleet.revive():  # a crash during the warm-up: serve it once more
+      fleet.wait_started()
+      time.sleep(args.warmup)
+    crashes = fleet.crashes
     server.stats()  # resets our server's counters
     own = [os.getpid()] + server.child_pids()
     envs = fleet.pids()
-    cpu0 = _cpu_seconds(own), _cpu_seconds(envs)
+    cpu = _CPU(own), _CPU(envs)
+    sampled = time.monotonic()
     rows0, batches0, policy0 = counter.snapshot()
     t0 = time.monotonic()
     end = t0 + window
@@ -532,13 +557,19 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
       if now - max(counter.last, t0) > STALL_SECONDS:
         stalled = True
         break
+      if now - sampled > 0.5:
+        cpu[1].update()
+        sampled = now
       time.sleep(min(0.05, end - now))
     t1 = time.monotonic()
-    record['load'] = os.getloadavg()[0]  # the machine's other load shows
     rows1, batches1, policy1 = counter.snapshot()
-    stalled = stalled or rows1 == rows0  # a window shorter than STALL_SECONDS
-    cpu1 = _cpu_seconds(own), _cpu_seconds(envs)
+    for each in cpu:
+      each.update()
     stats = server.stats()
+    stalled = stalled or rows1 == rows0  # a window shorter than STALL_SECONDS
+    record['load'] = os.getloadavg()[0]  # the machine's other load shows
+    fleet.revive()  # counts the env processes that crashed in the window
+    record['env_crashes'] = fleet.crashes - crashes
   finally:
     server.close()
   rows, batches = rows1 - rows0, batches1 - batches0
@@ -549,8 +580,8 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
       t0=t0, t1=t1, batches=batches,
       batch_mean=rows / batches if batches else 0.0,
       policy_ms_mean=1000 * (policy1 - policy0) / batches if batches else 0.0,
-      cpu_server=(cpu1[0] - cpu0[0]) / (t1 - t0),
-      cpu_envs=(cpu1[1] - cpu0[1]) / (t1 - t0))
+      cpu_server=cpu[0].seconds() / (t1 - t0),
+      cpu_envs=cpu[1].seconds() / (t1 - t0))
   if mode != 'baseline':
     record['server_p50_ms'] = stats.get('latency_ms/p50', 0.0)
     record['server_p99_ms'] = stats.get('latency_ms/p99', 0.0)
@@ -692,6 +723,7 @@ def _combine(rounds, times, latency):
   weigh = lambda key: sum(r[key] * r['seconds'] for r in rounds) / seconds
   for key in ('cpu_server', 'cpu_envs', 'load'):
     record[key] = weigh(key)
+  record['env_crashes'] = sum(r['env_crashes'] for r in rounds)
   record['policy_ms_mean'] = (
       sum(r['policy_ms_mean'] * r['batches'] for r in rounds) / batches
       if batches else 0.0)
@@ -726,7 +758,8 @@ def _row(r, partial=False):
             f'batch {r["batch_mean"]:5.2f}  policy {r["policy_ms_mean"]:5.2f} '
             f'ms  cpu server {r["cpu_server"]:.2f} envs {r["cpu_envs"]:.2f}'
             f'  ready {_fmt(r.get("ready_s"))} s  load {r["load"]:.1f}'
-            f'{"  STALLED" if r["stalled"] else ""}')
+            f'{"  STALLED" if r["stalled"] else ""}'
+            f'{"  env crashes %d" % r["env_crashes"] if r["env_crashes"] else ""}')
   return (f'| {r["fleet"]} | {r["mode"]} | {r["sps"]:.0f} | '
           f'{_fmt(r["ratio_baseline"], 2)} | {_fmt(r["ratio_limit"], 2)} | '
           f'{r["limit_sps"]:.0f} | {_fmt(r["p50_ms"])} | {_fmt(r["p99_ms"])} '
