@@ -465,13 +465,14 @@ def validate(config):
          f"{c['run.remote_envs']}, remote_replay {c['run.remote_replay']})")
 
   # JAX.
-  need(c['jax.platform'] in ('cpu', 'cuda', 'gpu', 'tpu'),
-       f"jax.platform must be cpu, cuda, gpu or tpu (got '{c['jax.platform']}')")
+  need(c['jax.platform'] in ('', 'cpu', 'cuda', 'gpu', 'tpu'),
+       f"jax.platform must be '', cpu, cuda, gpu or tpu "
+       f"(got '{c['jax.platform']}')")
   need(c['jax.compute_dtype'] in ('float32', 'bfloat16', 'float16'),
        f"jax.compute_dtype must be float32, bfloat16 or float16 "
        f"(got '{c['jax.compute_dtype']}')")
   for key in ('jax.policy_devices', 'jax.train_devices'):
-    need(all(d >= 0 for d in c[key]),
+    need(len(c[key]) >= 1 and all(d >= 0 for d in c[key]),
          f'{key} must be device indices >= 0 (got {list(c[key])})')
 
   # Envs.

@@ -51,7 +51,7 @@ def test_defaults_layout_and_values():
   assert c.logdir == '' and c.task == 'dummy_disc' and c.script == 'parallel'
   assert (c.batch_size, c.batch_length, c.report_length) == (16, 64, 32)
   assert c.replay_context == 1
-  assert c.jax.platform == 'cpu' and c.jax.policy_devices == (0,)
+  assert c.jax.platform == '' and c.jax.policy_devices == (0,)
   assert c.env.dmc.size == (64, 64) and c.env.dmc.camera == -1
   assert c.run.envs == 16 and c.run.eval_envs == 4 and c.run.actor_batch == -1
   a = c.agent

@@ -36,6 +36,7 @@ import numpy as np
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.agent.checkpoint import CheckpointMismatch
 from dreamer_ver.envs import make_env
+from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.learner import Checkpoint
 
 MODES = ('greedy', 'sample', 'random')
@@ -87,6 +88,7 @@ def eval_only(config, mode=None):
                    config.seed * 100_000 + config.run.envs + i)
           for i in range(count)]
   try:
+    device, _ = devices.setup(config)
     agent = Agent(envs[0].obs_space, envs[0].act_space, config)
     template = agent.init_state(agent.init_params(config.seed), config.seed)
     try:
@@ -101,7 +103,7 @@ def eval_only(config, mode=None):
     print(f'Evaluating {ckpt.directory} (env step {step}): {episodes} '
           f'episodes on {count} env(s), {mode} actions.', flush=True)
     results = run_episodes(
-        agent, state['params'], envs, episode_shares(episodes, count), mode,
+        agent, jax.device_put(state['params'], device), envs, episode_shares(episodes, count), mode,
         config.seed, config.run.duration)
   finally:
     for env in envs:

@@ -16,10 +16,12 @@ are served, or on SIGINT/SIGTERM; every component saves before it exits.
 import threading
 
 import elements
+import jax
 
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_env
 from dreamer_ver.runtime import cutoff as cutofflib
+from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.actor import Actor
 from dreamer_ver.runtime.batcher import BatchServer
 from dreamer_ver.runtime.client import Client
@@ -98,6 +100,7 @@ def parallel_agent(config):
   config = with_token(config)
   run = config.run
   stop = StopSignal()
+  policy_device, train_device = devices.setup(config)
   env = make_env(config.task, config.env)
   agent = Agent(env.obs_space, env.act_space, config)
   env.close()
@@ -109,7 +112,12 @@ def parallel_agent(config):
     state, counters = ckpt.load(state)
     print(f'Agent resumed at step {counters["steps"]} '
           f'(params version {counters["version"]}).')
-  store = ParamsStore(policy_params(state['params']), counters['version'])
+  # The learner's state lives on the train device; the actor's params copy
+  # (and so its carry table, which the jitted step keeps beside them) on
+  # the policy device.
+  state = jax.device_put(state, train_device)
+  store = ParamsStore(policy_params(state['params']), counters['version'],
+                      device=policy_device)
 
   envs = run.envs + run.eval_envs
   max_batch = run.actor_max_batch if run.actor_max_batch > 0 else envs

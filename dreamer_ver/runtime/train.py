@@ -17,11 +17,13 @@ import numpy as np
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.envs import make_env
 from dreamer_ver.replay import Replay
+from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.learner import Checkpoint
 
 
 def train(config):
   logdir = Path(config.logdir)
+  _, device = devices.setup(config)  # one process: policy and learner share it
   envs = [make_env(config.task, config.env, config.seed * 1000 + i)
           for i in range(config.run.envs)]
   agent = Agent(envs[0].obs_space, envs[0].act_space, config)
@@ -35,6 +37,7 @@ def train(config):
   if ckpt.exists:
     state, counters = ckpt.load(state)
     print(f'Resumed from {ckpt.directory} at step {counters["steps"]}.')
+  state = jax.device_put(state, device)
   replay.load()
   logger = make_logger(logdir, counters['steps'], config)
   scores = ScoreWriter(logdir / 'scores.jsonl')
