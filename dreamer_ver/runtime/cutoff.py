@@ -45,6 +45,12 @@ class Cutoff:
     pass
 
 
+def _check_sizes(min_batch, max_batch):
+  if not 1 <= min_batch <= max_batch:
+    raise ValueError(
+        f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+
+
 class MinMaxTimeout(Cutoff):
   """Dispatch once `min_batch` are queued or the oldest waited `timeout`.
 
@@ -54,9 +60,7 @@ class MinMaxTimeout(Cutoff):
   """
 
   def __init__(self, min_batch, max_batch, timeout):
-    if not 1 <= min_batch <= max_batch:
-      raise ValueError(
-          f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+    _check_sizes(min_batch, max_batch)
     if timeout < 0:
       raise ValueError(f'timeout must be >= 0, got {timeout}')
     self.min_batch = min_batch
@@ -127,9 +131,7 @@ class VER(Cutoff):
   """
 
   def __init__(self, min_batch, max_batch, min_wait=0.01, max_wait=0.05):
-    if not 1 <= min_batch <= max_batch:
-      raise ValueError(
-          f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+    _check_sizes(min_batch, max_batch)
     self.min_batch = min_batch
     self.max_batch = max_batch
     self.min_wait = min_wait
@@ -184,9 +186,7 @@ class Preempt(Cutoff):
 
   def __init__(self, min_batch, max_batch, buckets, inference=None,
                max_wait=0.05, window=16, late=3.0, forget=5.0):
-    if not 1 <= min_batch <= max_batch:
-      raise ValueError(
-          f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
+    _check_sizes(min_batch, max_batch)
     self.min_batch = min_batch
     self.max_batch = max_batch
     self.buckets = sorted(buckets)
