@@ -60,9 +60,9 @@ def _chunk_rows(logdir):
   return sum(rows.values())
 
 
-def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
+def test_killed_env_and_replay_are_restarted_and_the_run_goes_on(tmp_path):
   logdir = tmp_path / 'run'
-  proc = _start(logdir, 1500)
+  proc = _start(logdir, 10 ** 6)  # Ends by SIGTERM (see the logger test).
   try:
     assert _wait_for(lambda: _served(logdir) > 150, 240), 'run never started'
     env_pid, replay_pid = _pid(logdir, 'env0'), _pid(logdir, 'replay')
@@ -74,7 +74,11 @@ def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
     saved = json.loads((logdir / 'ckpt' / 'replay.json').read_text())
     saved_rows = _chunk_rows(logdir)
     assert _wait_for(lambda: _pid(logdir, 'replay') not in (None, replay_pid), 60)
-    out, _ = proc.communicate(timeout=300)
+    served = _served(logdir)
+    assert _wait_for(lambda: _served(logdir) > served + 300, 120), (
+        'the run did not go on after the restarts')
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -83,7 +87,7 @@ def test_killed_env_and_replay_are_restarted_and_the_run_finishes(tmp_path):
   assert 'env0 exited with code -9; restarting' in out
   assert 'replay exited with code -9; restarting' in out
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
-  assert counters['steps'] >= 1500
+  assert counters['steps'] > served
   # Transitions lost with the replay: every train step the actor served
   # went to replay (a clean run ends with rows stored == steps served), so
   # the shortfall at the end is what the killed replay held but had not
@@ -154,7 +158,9 @@ def _counters(logdir):
 
 def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
   logdir = tmp_path / 'run'
-  proc = _start(logdir, 1200)
+  # More steps than it can serve in the test: it ends by SIGTERM, so how
+  # fast the machine is cannot end the run before the checks.
+  proc = _start(logdir, 10 ** 6)
   try:
     assert _wait_for(lambda: _served(logdir) > 150 and _metrics(logdir), 240), (
         'run never started')
@@ -162,14 +168,16 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
     before = _metrics(logdir)
     last_step = max(m['step'] for m in before)
     os.kill(pid, signal.SIGKILL)
+    killed = _counters(logdir)
     assert _wait_for(lambda: _pid(logdir, 'logger') not in (None, pid), 60)
-    version = _counters(logdir)['version']
     # Training goes on: the learner publishes and saves newer params.
-    assert _wait_for(lambda: _counters(logdir)['version'] > version, 60)
+    assert _wait_for(
+        lambda: _counters(logdir)['version'] > killed['version'], 60)
     # Metrics resume: the restarted logger writes lines past the old step.
     assert _wait_for(lambda: any(
         m['step'] > last_step for m in _metrics(logdir)[len(before):]), 60)
-    out, _ = proc.communicate(timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -177,7 +185,7 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
   assert proc.returncode == 0, out[-3000:]
   assert 'logger exited with code -9; restarting' in out
   assert '[logger] resumed at step' in out
-  assert _counters(logdir)['steps'] >= 1200
+  assert _counters(logdir)['steps'] > killed['steps']
   after = _metrics(logdir)[len(before):]
   assert any('train/loss/dyn' in m for m in after), 'no train metrics resumed'
   for name in ('env0', 'replay', 'logger'):
@@ -195,7 +203,7 @@ def _state(pid):
 
 def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
   logdir = tmp_path / 'run'
-  proc = _start(logdir, 1200)
+  proc = _start(logdir, 10 ** 6)  # Ends by SIGTERM (see the logger test).
   pid = None
   try:
     assert _wait_for(lambda: _served(logdir) > 150, 240), 'run never started'
@@ -208,7 +216,8 @@ def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
         'env steps stalled behind the hung env')
     assert _state(pid) == 'T'  # Still hung, never restarted or resumed.
     assert _pid(logdir, 'env0') == pid
-    out, _ = proc.communicate(timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -216,7 +225,7 @@ def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
     if pid is not None and _state(pid) is not None:
       os.kill(pid, signal.SIGKILL)
   assert proc.returncode == 0, out[-3000:]
-  assert _counters(logdir)['steps'] >= 1200
+  assert _counters(logdir)['steps'] > served
   # The stopped child got SIGCONT with its SIGTERM: it stopped by itself
   # instead of being killed after the 15 s deadline.
   assert 'did not stop within' not in out, out[-3000:]
@@ -239,8 +248,8 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
     tmp_path):
   from dreamer_ver.runtime.process import free_port
   logdir = tmp_path / 'run'
-  steps = 1000
-  flags = [*FLAGS, '--run.steps', str(steps),
+  # Ends by SIGTERM, not by its step count (see the logger test).
+  flags = [*FLAGS, '--run.steps', str(10 ** 6),
            '--run.actor_addr', f'127.0.0.1:{free_port()}',
            '--run.replay_addr', f'127.0.0.1:{free_port()}',
            '--run.logger_addr', f'127.0.0.1:{free_port()}']
@@ -253,24 +262,31 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
     agent = _component(
         logdir, 'parallel_agent', agent_flags, tmp_path / 'agent1.log')
     procs['agent1'] = agent
-    assert _wait_for(lambda: _counters(logdir)['steps'] > 150, 240), (
-        'agent never saved')
+    stored = lambda: max(
+        (m.get('replay/items', 0) for m in _metrics(logdir)), default=0)
+    assert _wait_for(
+        lambda: _counters(logdir)['steps'] > 150 and stored() > 0, 240), (
+            'agent never saved, or replay never logged its items')
     envs = {name: _pid(logdir, name) for name in ('env0', 'env1', 'env4')}
-    items = max(m.get('replay/items', 0) for m in _metrics(logdir))
+    items = stored()
     agent.kill()
     agent.wait()
     saved = _counters(logdir)
     lines = len(_metrics(logdir))
-    assert saved['steps'] < steps
     agent = _component(
         logdir, 'parallel_agent', agent_flags, tmp_path / 'agent2.log')
     procs['agent2'] = agent
-    assert agent.wait(timeout=300) == 0, (
+    # It resumes and makes progress: a later save has more steps and
+    # newer params than the one it started from.
+    assert _wait_for(lambda: (
+        _counters(logdir)['steps'] > saved['steps'] + 100 and
+        _counters(logdir)['version'] > saved['version']), 240), (
+            (tmp_path / 'agent2.log').read_text()[-3000:])
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=60) == 0, (
         tmp_path / 'agent2.log').read_text()[-3000:]
     out = (tmp_path / 'agent2.log').read_text()
     assert f'Agent resumed at step {saved["steps"]} ' in out, out[-3000:]
-    final = _counters(logdir)
-    assert final['steps'] >= steps and final['version'] > saved['version']
     # The env processes were never restarted: the same ones reconnected.
     assert envs == {name: _pid(logdir, name) for name in envs}
     assert all(_alive(pid) for pid in envs.values())
