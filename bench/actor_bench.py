@@ -79,6 +79,8 @@ import time
 
 import numpy as np
 
+from dreamer_ver.envs.wrappers import Wrapper
+
 MODES = ('baseline', 'fixed', 'ver', 'preempt')
 FLEETS = ('constant', 'hetero', 'lognormal', 'faults', 'fast', 'fast_multi')
 # Upstream DreamerV3's own parallel run on dmc cartpole_balance, size1m,
@@ -151,13 +153,13 @@ def nominal_limit(spec, envs):
 
 # ------------------------------------------------------ env processes
 
-class _ProbeEnv:
+class _ProbeEnv(Wrapper):
   """Wraps the env inside an env process: records, per step, the request
   latency seen by the env (from returning the observation to being called
   with the next action) and the env's own step time; optionally stalls."""
 
   def __init__(self, env, stall):
-    self.env = env
+    super().__init__(env)
     self.stall = stall
     self.last = None
     self.times, self.latency, self.durations = [], [], []
@@ -165,14 +167,6 @@ class _ProbeEnv:
     if stall:
       every, _ = stall
       self.next_stall = time.monotonic() + every * np.random.uniform(0.2, 1)
-
-  @property
-  def obs_space(self):
-    return self.env.obs_space
-
-  @property
-  def act_space(self):
-    return self.env.act_space
 
   def step(self, action):
     start = time.monotonic()
@@ -187,9 +181,6 @@ class _ProbeEnv:
     self.last = time.monotonic()
     self.durations.append(self.last - start)
     return obs
-
-  def close(self):
-    self.env.close()
 
   def save(self, path):
     np.savez(path, times=np.array(self.times), latency=np.array(self.latency),

@@ -23,6 +23,19 @@ def _start(logdir, steps):
       text=True)
 
 
+def _sigterm(proc):
+  """Ends a run the way a user does; returns its output."""
+  proc.send_signal(signal.SIGTERM)
+  return proc.communicate(timeout=60)[0]
+
+
+def _kill(proc):
+  """Cleans up after a failed check: the run must not outlive the test."""
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
 def _pid(logdir, name):
   path = Path(logdir) / 'pids' / name
   return int(path.read_text()) if path.exists() else None
@@ -77,12 +90,9 @@ def test_killed_env_and_replay_are_restarted_and_the_run_goes_on(tmp_path):
     served = _served(logdir)
     assert _wait_for(lambda: _served(logdir) > served + 300, 120), (
         'the run did not go on after the restarts')
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out = _sigterm(proc)
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _kill(proc)
   assert proc.returncode == 0, out[-3000:]
   assert 'env0 exited with code -9; restarting' in out
   assert 'replay exited with code -9; restarting' in out
@@ -124,14 +134,11 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(tmp_path):
   try:
     assert _wait_for(lambda: _served(logdir) > 100, 240), 'run never started'
     children = [_pid(logdir, n) for n in ('env0', 'replay', 'logger')]
-    proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
-    out, _ = proc.communicate(timeout=60)
+    out = _sigterm(proc)
     elapsed = time.monotonic() - start
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _kill(proc)
   assert proc.returncode == 0, out[-3000:]
   assert elapsed < 20, elapsed  # 15 s budget plus interpreter exit.
   assert not any(_alive(pid) for pid in children)
@@ -176,12 +183,9 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
     # Metrics resume: the restarted logger writes lines past the old step.
     assert _wait_for(lambda: any(
         m['step'] > last_step for m in _metrics(logdir)[len(before):]), 60)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out = _sigterm(proc)
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _kill(proc)
   assert proc.returncode == 0, out[-3000:]
   assert 'logger exited with code -9; restarting' in out
   assert '[logger] resumed at step' in out
@@ -216,12 +220,9 @@ def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
         'env steps stalled behind the hung env')
     assert _state(pid) == 'T'  # Still hung, never restarted or resumed.
     assert _pid(logdir, 'env0') == pid
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out = _sigterm(proc)
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+    _kill(proc)
     if pid is not None and _state(pid) is not None:
       os.kill(pid, signal.SIGKILL)
   assert proc.returncode == 0, out[-3000:]
@@ -301,9 +302,7 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
       assert procs[name].wait(timeout=30) == 0, name
   finally:
     for proc in procs.values():
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+      _kill(proc)
     for path in (logdir / 'pids').glob('env*'):
       pid = int(path.read_text())
       if _alive(pid):
