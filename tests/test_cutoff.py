@@ -121,6 +121,14 @@ def test_min_batch_guard_waits_for_adaptive_min_wait():
   decision = policy.decide([Req(0.0, 0)], 0.001)
   assert isinstance(decision, float) and decision == pytest.approx(0.004)
   assert policy.decide([Req(0.0, 0)], 0.005) == cutoff.Cut(1, 'optimum')
+  # As in VER, the minimum wait counts from the last batch: an actor idle
+  # for longer than that cuts a lone request at once ...
+  policy.observe_reply(0, 0.005)
+  assert policy.decide([Req(0.030, 0)], 0.030) == cutoff.Cut(1, 'optimum')
+  # ... and one that just replied holds it for the rest of the minimum wait.
+  policy.observe_reply(0, 0.031)
+  decision = policy.decide([Req(0.032, 0)], 0.032)
+  assert isinstance(decision, float) and decision == pytest.approx(0.004)
 
 
 def test_ver_rule():

@@ -100,27 +100,39 @@ class Fixed(Cutoff):
 
 
 class WindowedMean:
-  """Mean of the last `size` values (VER's WindowedRunningMean)."""
+  """Mean and sd of the last `size` values (VER's WindowedRunningMean).
+
+  Running sums keep `mean` and `std` O(1): the preemption decider reads
+  them for every env on every decision.
+  """
 
   def __init__(self, size):
     self.values = collections.deque(maxlen=size)
+    self.total = 0.0
+    self.squares = 0.0
 
   def add(self, value):
+    if len(self.values) == self.values.maxlen:
+      old = self.values[0]
+      self.total -= old
+      self.squares -= old * old
     self.values.append(value)
+    self.total += value
+    self.squares += value * value
 
   def __len__(self):
     return len(self.values)
 
   @property
   def mean(self):
-    return sum(self.values) / len(self.values) if self.values else 0.0
+    return self.total / len(self.values) if self.values else 0.0
 
   @property
   def std(self):
     if len(self.values) < 2:
       return 0.0
     mean = self.mean
-    return (sum((v - mean) ** 2 for v in self.values) / len(self.values)) ** 0.5
+    return max(0.0, self.squares / len(self.values) - mean * mean) ** 0.5
 
 
 class VER(Cutoff):
@@ -179,7 +191,8 @@ class Preempt(Cutoff):
   idle env (measured in bench/: the server-only rule batched too eagerly and
   lost to VER's rule on the CPU fleets). Guard rails
   from VER: at most `max_batch`; fewer than `min_batch` only after an
-  adaptive minimum wait (half the mean inference time); and no request ever
+  adaptive minimum wait (half the mean inference time, counted from the
+  last batch); and no request ever
   waits longer than `max_wait`. Envs that stop sending (dead, hung, or far
   slower than their history) drop out of the prediction.
   """
@@ -200,6 +213,8 @@ class Preempt(Cutoff):
     self.step = {}  # envid -> WindowedMean of reply -> next arrival
     self.replied = {}  # envid -> time of the last reply, while not queued
     self.recent = WindowedMean(128)  # inference seconds, any bucket
+    self.last_reply = None  # when the latest batch's replies went out
+    self._table = None  # cached _infer_table(), reset by observe_batch
     self.decided = None  # (predicted wait, when decided) for stats
     self.wait_errors = WindowedMean(1024)
 
@@ -217,17 +232,22 @@ class Preempt(Cutoff):
       return self._cut(count, 'latency_cap', now)
     arrivals = self._predicted_arrivals(now, deadline)
     best, best_wait = self._best_cut(
-        count, arrivals[:self.max_batch - count], now)
+        count, arrivals[:self.max_batch - count], now, self._infer_table())
     if best == 0:
+      # VER's adaptive minimum wait counts from the last batch's replies,
+      # not from the oldest arrival: an actor that has been idle that long
+      # cuts at once instead of holding its first request.
       min_wait = self.recent.mean / 2
-      if count >= self.min_batch or now - pending[0].arrival >= min_wait:
+      since = now - (self.last_reply if self.last_reply is not None
+                     else pending[0].arrival)
+      if count >= self.min_batch or since >= min_wait:
         return self._cut(count, 'optimum', now)
-      best_wait = min_wait - (now - pending[0].arrival)
+      best_wait = min_wait - since
     if self.decided is None:
       self.decided = (best_wait, now)
     return max(1e-4, min(best_wait, deadline - now))
 
-  def _best_cut(self, count, arrivals, now):
+  def _best_cut(self, count, arrivals, now, infer):
     """How many of the predicted arrivals to wait for, and how long.
 
     Every option serves the same requests (the queued ones and the predicted
@@ -237,31 +257,25 @@ class Preempt(Cutoff):
     with the least total time from arrival (or now, for queued requests) to
     reply serves the fleet fastest: cutting at once wins when inference is
     cheap against the gaps between arrivals, waiting wins when an arrival is
-    due before a second batch could be paid for.
+    due before a second batch could be paid for. Arrivals due later than a
+    batch of the queued requests would take are never waited for: by then
+    that batch would be done and the actor free again. `infer[n]` is the
+    predicted inference time of a batch of n.
     """
     best, best_wait, best_cost = 0, 0.0, None
+    waited = 0.0  # sum of the arrival times waited for so far
     for j in range(len(arrivals) + 1):
+      if j:
+        waited += arrivals[j - 1]
       start = arrivals[j - 1] if j else now
-      done = start + self._infer(count + j)
-      cost = count * (done - now) + sum(done - a for a in arrivals[:j])
-      cost += self._greedy_cost(done, arrivals[j:])
+      if start - now > infer[count]:
+        break
+      done = start + infer[count + j]
+      cost = count * (done - now) + j * done - waited
+      cost += _greedy_cost(done, arrivals, j, infer)
       if best_cost is None or cost < best_cost - 1e-12:
         best, best_wait, best_cost = j, start - now, cost
     return best, best_wait
-
-  def _greedy_cost(self, free, arrivals):
-    """Total time to reply of sorted `arrivals` served by an actor that is
-    free at `free` and cuts whatever has arrived whenever it is free."""
-    cost, i = 0.0, 0
-    while i < len(arrivals):
-      start = max(free, arrivals[i])
-      k = i
-      while k < len(arrivals) and arrivals[k] <= start:
-        k += 1
-      free = start + self._infer(k - i)
-      cost += sum(free - a for a in arrivals[i:k])
-      i = k
-    return cost
 
   def _cut(self, count, reason, now):
     if self.decided is not None:
@@ -275,9 +289,12 @@ class Preempt(Cutoff):
   def observe_batch(self, size, inference_seconds):
     self._bucket_mean(size).add(inference_seconds)
     self.recent.add(inference_seconds)
+    self._table = None
 
   def observe_reply(self, envid, time):
     self.replied[envid] = time
+    self.last_reply = time if self.last_reply is None else max(
+        self.last_reply, time)
 
   def stats(self):
     return {
@@ -322,8 +339,13 @@ class Preempt(Cutoff):
     arrivals.sort()
     return arrivals
 
-  def _infer(self, size):
-    return max(1e-5, self._bucket_mean(size).mean or self._nearest(size))
+  def _infer_table(self):
+    """Predicted inference seconds of a batch of n, for n in 0..max."""
+    if self._table is None:
+      self._table = [0.0] + [
+          max(1e-5, self._bucket_mean(n).mean or self._nearest(n))
+          for n in range(1, self.max_batch + 1)]
+    return self._table
 
   def _bucket_mean(self, size):
     for bucket in self.buckets:
@@ -339,6 +361,23 @@ class Preempt(Cutoff):
       return 1e-3
     bucket, seconds = min(known, key=lambda x: abs(x[0] - size))
     return seconds * max(1.0, size / bucket)
+
+
+def _greedy_cost(free, arrivals, first, infer):
+  """Total time to reply of the sorted `arrivals[first:]`, served by an
+  actor that is free at `free` and cuts whatever has arrived whenever it is
+  free."""
+  cost, i, n = 0.0, first, len(arrivals)
+  while i < n:
+    start = max(free, arrivals[i])
+    k, waited = i, 0.0
+    while k < n and arrivals[k] <= start:
+      waited += arrivals[k]
+      k += 1
+    free = start + infer[k - i]
+    cost += (k - i) * free - waited
+    i = k
+  return cost
 
 
 def make_cutoff(run, envs, buckets, inference=None):
