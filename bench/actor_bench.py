@@ -601,7 +601,7 @@ def make_actor(config, extra):
   actor = Actor(agent, store, slots=envs,
                 buckets=_buckets(config.run, envs), seed=config.seed)
   start = time.monotonic()
-  inference = actor.compile()
+  actor.compile()
   # compile()'s single timing per bucket is noisy; re-measure so Preempt
   # starts from a fair estimate (it keeps learning while serving).
   inference = _measure_inference(actor)

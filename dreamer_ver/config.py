@@ -474,6 +474,9 @@ def validate(config):
   for key in ('jax.policy_devices', 'jax.train_devices'):
     need(len(c[key]) >= 1 and all(d >= 0 for d in c[key]),
          f'{key} must be device indices >= 0 (got {list(c[key])})')
+  need(len(set(c['jax.policy_devices'])) == len(c['jax.policy_devices']),
+       f"jax.policy_devices names a device twice "
+       f"(got {list(c['jax.policy_devices'])})")
 
   # Envs.
   for key in ('env.gym.size', 'env.dmc.size', 'env.atari100k.size'):

@@ -15,7 +15,7 @@ from dreamer_ver import config as configlib
 from dreamer_ver.envs import make_env
 from dreamer_ver.runtime import cutoff
 from dreamer_ver.runtime.actor import Actor
-from dreamer_ver.runtime.batcher import BatchServer
+from dreamer_ver.runtime.batcher import BatchServer, Request
 from dreamer_ver.runtime.env_worker import run_envs
 from dreamer_ver.runtime.params import ParamsStore
 from dreamer_ver.runtime.process import free_port
@@ -62,21 +62,31 @@ def _fleet_config(port, envs):
       'env.synthetic.length': 25})
 
 
-@pytest.mark.parametrize('per_worker', [1, 3])
-def test_carries_follow_their_env_across_varying_batches(per_worker):
+@pytest.mark.parametrize('per_worker,lanes', [(1, 1), (3, 1), (1, 2), (3, 2)])
+def test_carries_follow_their_env_across_varying_batches(per_worker, lanes):
   """Also with several envs per worker process, whose requests carry one
-  row per env and are split into rows for the batcher (double buffered)."""
+  row per env and are split into rows for the batcher (double buffered),
+  and with several lanes (policy devices; here two on the one CPU device),
+  each with its own carry table and cutoff."""
   envs, port = 6, free_port()
   config = _fleet_config(port, envs)
   env = make_env(config.task, config.env)
   agent = CounterAgent(env.obs_space)
   params = {'enc': {}, 'dyn': {}, 'pol': {}}
   recorder = Recorder()
-  actor = Actor(agent, ParamsStore(params), slots=envs, buckets=[1, 2, 4, 8],
-                replay=recorder)
+  actor = Actor(agent, ParamsStore(params, devices=[None] * lanes),
+                slots=envs, buckets=[1, 2, 4, 8], replay=recorder)
   actor.compile()
+  lanes_of = collections.defaultdict(set)  # envid -> lanes that served it
+
+  def handle(requests):
+    for request in requests:
+      lanes_of[request.envid].add(request.lane)
+    return actor.handle(requests)
+
   server = BatchServer(
-      f'127.0.0.1:{port}', actor.handle, cutoff.MinMaxTimeout(3, envs, 0.004),
+      f'127.0.0.1:{port}', handle,
+      [cutoff.MinMaxTimeout(3 // lanes, envs, 0.004) for _ in range(lanes)],
       postfn=actor.post, name='TestActor')
   server.start()
   ctx = multiprocessing.get_context('spawn')
@@ -118,6 +128,9 @@ def test_carries_follow_their_env_across_varying_batches(per_worker):
     # And the env's sequence is unbroken: +1 per step, 0 on is_first.
     for prev, (count, _, first) in zip(counts, rows[1:]):
       assert count == (0 if first else prev + 1), (envid, prev, count)
+  # Each env stays on one lane; the connections are spread over all lanes.
+  assert all(len(seen) == 1 for seen in lanes_of.values()), dict(lanes_of)
+  assert set().union(*lanes_of.values()) == set(range(lanes))
 
 
 def test_bad_requests_get_clear_errors_and_others_keep_going():
@@ -158,3 +171,43 @@ def test_bad_requests_get_clear_errors_and_others_keep_going():
     server.close()
   stored = [int(e) for b in recorder.batches for e in b['envid']]
   assert stored == [0] * len(cases)  # Nothing from the bad caller was kept.
+
+
+class FlakyLogger:
+  """Stands in for the logger link: calls whose index is in `drop` fail,
+  as the link's calls do when its in-flight window is full."""
+
+  def __init__(self, drop):
+    self.drop = set(drop)
+    self.calls = []
+
+  def tran(self, trans):
+    future = concurrent.futures.Future()
+    if len(self.calls) in self.drop:
+      future.set_exception(RuntimeError('dropped: the logger lags'))
+    else:
+      future.set_result({})
+    self.calls.append(trans)
+    return future
+
+
+def test_rows_the_logger_missed_are_reported_with_the_next_rows():
+  config = _fleet_config(free_port(), 2)
+  env = make_env(config.task, config.env)
+  obs = {k: np.asarray(v) for k, v in
+         env.step({'action': np.int32(0), 'reset': True}).items()}
+  logger = FlakyLogger(drop=[1, 2])
+  actor = Actor(CounterAgent(env.obs_space),
+                ParamsStore({'enc': {}, 'dyn': {}, 'pol': {}}),
+                slots=2, buckets=[1, 2], logger=logger)
+  actor.compile()
+  for envids in ([0, 1], [0], [0, 1], [1], [0, 1]):
+    requests = [Request(('test', 0), bytes(8), {
+        **obs, 'envid': np.int64(e), 'is_eval': np.bool_(False)}, 0.0, e)
+        for e in envids]
+    actor.post(requests, actor.handle(requests))
+  missed = [dict(zip(c['envid'].tolist(), c['missed'].tolist()))
+            for c in logger.calls]
+  # Call 1 (env 0) and call 2 (envs 0, 1, env 0 already owing 1) failed.
+  assert missed == [{0: 0, 1: 0}, {0: 0}, {0: 1, 1: 0}, {1: 1}, {0: 2, 1: 0}]
+  assert actor.post_errors == 2

@@ -420,3 +420,35 @@ def test_multi_env_call_is_split_into_rows_and_replied_stacked():
       # The connection keeps working after the error.
       reply = result(client.act({'envid': np.int64(9), 'x': np.float64(1.0)}))
       assert float(reply['y']) == 19.0
+
+
+def test_lanes_each_cut_their_own_connections_batches():
+  """Two lanes (e.g. two policy devices): a connection stays on one lane,
+  the lanes get connections in turn, and a lane whose connection left gets
+  the next newcomer. Lane 0 cuts pairs, lane 1 single requests."""
+  lanes = collections.defaultdict(set)  # lane -> values it served
+
+  def handler(requests):
+    for request in requests:
+      lanes[request.lane].add(int(request.data['x'][0]))
+    return [{'y': r.data['x'] * 2, 'n': np.array(len(requests))}
+            for r in requests]
+
+  policies = [cutofflib.Fixed(2), cutofflib.Fixed(1)]
+  with serving(handler, policies) as (server, addr):
+    with connected(addr, count=2) as (a, b):
+      ra = a.act({'x': np.array([1])})
+      wait_until(lambda: server.stats()['pending'] == 1)  # a is routed.
+      rb = b.act({'x': np.array([2])})
+      # a went to lane 0, which waits for a pair; b to lane 1, served alone.
+      assert int(result(rb)['n']) == 1
+      assert not ra.wait(0.2)
+      with connected(addr) as (c,):
+        rc = c.act({'x': np.array([3])})  # Lane 0 now has its pair.
+        assert int(result(ra)['n']) == 2 and int(result(rc)['n']) == 2
+      wait_until(lambda: len(server.connections) == 2)
+      with connected(addr) as (d,):  # Lane 0 lost c, so d joins lane 0.
+        rd = d.act({'x': np.array([4])})
+        ra = a.act({'x': np.array([5])})
+        assert int(result(rd)['y'][0]) == 8 and int(result(ra)['y'][0]) == 10
+  assert lanes == {0: {1, 3, 4, 5}, 1: {2}}

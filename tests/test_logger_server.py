@@ -109,6 +109,29 @@ def test_eval_episodes_are_logged_separately(tmp_path):
   assert 'eval score 5.00' in service.lines[-1]
 
 
+def test_rows_the_actor_could_not_send_count_as_steps_and_holes(tmp_path):
+  service = make_service(tmp_path)
+  service.tran(rows((0, 0.0, True, False), (1, 0.0, True, False),
+                    (5, 0.0, True, False, True)))
+  # The actor's link dropped a batch with a step of env 0 and of eval env 5:
+  # the next rows say so. Env 0's steps still count; its episode and eval
+  # env 5's have a hole and are not logged. Env 1 is untouched.
+  service.tran(rows((0, 1.0, False, False, False, {'missed': 1}),
+                    (1, 1.0, False, False, False, {'missed': 0}),
+                    (5, 1.0, False, False, True, {'missed': 1})))
+  assert service.step == 2 + 2 + 1
+  service.tran(rows((0, 1.0, False, True), (1, 1.0, False, True),
+                    (5, 1.0, False, True, True)))
+  assert [(s['env'], s['score']) for s in scores(tmp_path)] == [(1, 2.0)]
+  assert service.write()['parallel/ep_gap'] == 2
+  # After the hole, the env's next episode is logged as usual.
+  service.tran(rows((0, 0.0, True, False)))
+  service.tran(rows((0, 4.0, False, True)))
+  assert scores(tmp_path)[-1]['env'] == 0 and scores(tmp_path)[-1]['score'] == 4.0
+  with pytest.raises(ValueError, match="'missed' must be non-negative"):
+    service.tran(rows((0, 0.0, True, False, False, {'missed': -1})))
+
+
 def test_abandoned_half_episode_is_counted_not_logged(tmp_path):
   service = make_service(tmp_path)
   service.tran(rows((0, 0.0, True, False), (0, 7.0, False, False)))

@@ -5,9 +5,14 @@ indexed by env slot (the extra last row absorbs the padding rows). The jitted
 step gathers the batch's rows, runs the policy, and scatters the new carries
 back into the donated table, so no per-env Python tree work happens on the
 hot path: the host only copies observations in and actions out.
+
+With several policy devices (the params store's copies), each device is a
+lane with its own table and slots; the batch server routes each connection
+to one lane (`Request.lane`), so an env's carry stays on one device.
 """
 
 import collections
+import itertools
 import threading
 import time
 
@@ -25,8 +30,20 @@ class RequestError(ValueError):
   """A request that does not match the observation space."""
 
 
+class Lane:
+  """One policy device's share of the actor: its carry table and the slots
+  of the env ids it serves."""
+
+  def __init__(self, index, table):
+    self.index = index
+    self.table = table
+    self.slot_of = collections.OrderedDict()  # envid -> slot, oldest first
+    self.lock = threading.Lock()
+
+
 class Actor:
-  """`handle` and `post` are the batch server's handler and postfn."""
+  """`handle` and `post` are the batch server's handler and postfn. One
+  lane per device of `params_store`."""
 
   def __init__(self, agent, params_store, slots, buckets, seed=0,
                mode='sample', replay=None, logger=None):
@@ -37,36 +54,44 @@ class Actor:
     self.mode = mode
     self.obs_space = {k: v for k, v in agent.obs_space.items()
                       if not k.startswith('log/')}
-    self.table = agent.init_carry(self.slots + 1)
-    self.slot_of = collections.OrderedDict()  # envid -> slot, oldest first
+    self.lanes = []
+    for i, device in enumerate(params_store.devices):
+      table = agent.init_carry(self.slots + 1)  # donated: one per lane
+      if device is not None:
+        table = jax.device_put(table, device)
+      self.lanes.append(Lane(i, table))
     self.key = jax.random.PRNGKey(seed)
-    self.batches = 0
-    self.lock = threading.Lock()
+    self._batch_numbers = itertools.count()  # one PRNG stream per batch
     self.replay = replay  # client.Client of the replay server, or None
     self.logger = logger  # client.Client of the logger server, or None
     self.pending = {}  # id(requests) -> transitions, from handle to post
     self.served = 0  # train env steps served (eval rows excluded)
     self.post_errors = 0  # add_batch / tran calls that came back failed
+    self._missed = {}  # envid -> its rows the logger has not received
+    self._missed_lock = threading.Lock()
     self.version = 0  # params version of the latest batch
     self._step = jax.jit(self._step_fn, donate_argnums=(1,))
 
   # ------------------------------------------------------------- compile
 
   def compile(self):
-    """Compiles every bucket size before serving, so jit never compiles
-    while envs wait. Returns the inference seconds per bucket."""
-    times = {}
-    for size in self.buckets:
-      obs = {k: np.zeros((size, *s.shape), s.dtype)
-             for k, s in self.obs_space.items()}
-      slots = np.full((size,), self.slots, np.int32)
-      params, _ = self.params.latest()
-      for _ in range(2):  # The second call measures the compiled step.
-        start = time.perf_counter()
-        self.table, acts, outs = self._step(
-            self._policy_params(params), self.table, slots, obs, self.key)
-        jax.block_until_ready(acts)
-        times[size] = time.perf_counter() - start
+    """Compiles every bucket size on every lane's device before serving, so
+    jit never compiles while envs wait. Returns the inference seconds per
+    bucket, one dict per lane."""
+    times = []
+    for lane in self.lanes:
+      times.append({})
+      params, _ = self.params.latest(lane.index)
+      for size in self.buckets:
+        obs = {k: np.zeros((size, *s.shape), s.dtype)
+               for k, s in self.obs_space.items()}
+        slots = np.full((size,), self.slots, np.int32)
+        for _ in range(2):  # The second call measures the compiled step.
+          start = time.perf_counter()
+          lane.table, acts, outs = self._step(
+              self._policy_params(params), lane.table, slots, obs, self.key)
+          jax.block_until_ready(acts)
+          times[-1][size] = time.perf_counter() - start
     return times
 
   # -------------------------------------------------------------- serving
@@ -92,7 +117,7 @@ class Actor:
     if not valid:
       return replies
     datas = [requests[i].data for i in valid]
-    trans = self.step(datas)
+    trans = self.step(datas, requests[0].lane)
     for row, i in enumerate(valid):
       reply = {k: trans[k][row] for k in self.agent.act_space}
       reply['reset'] = trans['is_last'][row]
@@ -113,7 +138,26 @@ class Actor:
     if self.replay is not None:
       self._watch(self.replay.add_batch(trans), 'replay.add_batch')
     if self.logger is not None:
-      self._watch(self.logger.tran({**trans, **logs}), 'logger.tran')
+      self._post_log(trans, logs)
+
+  def _post_log(self, trans, logs):
+    """Sends the rows to the logger with, per row, how many earlier rows of
+    that env it missed (the link drops batches when the logger lags), so
+    the logger still counts every env step and never logs an episode with
+    a hole in it."""
+    envids = trans['envid'].tolist()
+    with self._missed_lock:
+      missed = [self._missed.pop(e, 0) for e in envids]
+    future = self.logger.tran(
+        {**trans, **logs, 'missed': np.array(missed, np.int64)})
+
+    def done(future):
+      if future.exception() is not None:  # These rows are missed too.
+        with self._missed_lock:
+          for envid, count in zip(envids, missed):
+            self._missed[envid] = self._missed.get(envid, 0) + count + 1
+    future.add_done_callback(done)
+    self._watch(future, 'logger.tran')
 
   def _watch(self, future, what):
     """Nobody waits for the posts' replies; a failed one is counted and
@@ -126,10 +170,10 @@ class Actor:
           print(f'[actor] {what} failed: {error}', flush=True)
     future.add_done_callback(done)
 
-  def step(self, datas):
-    """Runs the policy on a list of valid request dicts. Returns the
-    transitions of those rows: obs, actions, latents, envid, is_eval and the
-    params version that acted."""
+  def step(self, datas, lane=0):
+    """Runs the policy of lane `lane` on a list of valid request dicts.
+    Returns the transitions of those rows: obs, actions, latents, envid,
+    is_eval and the params version that acted."""
     n = len(datas)
     size = self._bucket(n)
     obs = {}
@@ -138,15 +182,15 @@ class Actor:
       buf[:n] = [d[key] for d in datas]
       obs[key] = buf
     envids = np.array([int(d['envid']) for d in datas], np.int64)
-    with self.lock:
+    lane = self.lanes[lane]
+    with lane.lock:
       slots = np.full((size,), self.slots, np.int32)
-      slots[:n] = [self._slot(e) for e in envids]
-      params, version = self.params.latest()
+      slots[:n] = [self._slot(lane, e) for e in envids]
+      params, version = self.params.latest(lane.index)
       self.version = version
-      key = jax.random.fold_in(self.key, self.batches)
-      self.batches += 1
-      self.table, acts, outs = self._step(
-          self._policy_params(params), self.table, slots, obs, key)
+      key = jax.random.fold_in(self.key, next(self._batch_numbers))
+      lane.table, acts, outs = self._step(
+          self._policy_params(params), lane.table, slots, obs, key)
     acts, outs = jax.device_get((acts, outs))
     trans = {k: v[:n] for k, v in obs.items()}
     trans.update({k: v[:n] for k, v in acts.items()})
@@ -182,17 +226,19 @@ class Actor:
         return size
     raise RequestError(f'batch of {n} exceeds the largest bucket {self.buckets[-1]}')
 
-  def _slot(self, envid):
-    """Slot of an env id; a new id takes a free slot or the least recently
-    used one (its carry is reset anyway by that env's is_first)."""
-    if envid in self.slot_of:
-      self.slot_of.move_to_end(envid)
-      return self.slot_of[envid]
-    if len(self.slot_of) < self.slots:
-      slot = len(self.slot_of)
+  def _slot(self, lane, envid):
+    """Slot of an env id in a lane's table; a new id takes a free slot or
+    the least recently used one (its carry is reset anyway by that env's
+    is_first)."""
+    slot_of = lane.slot_of
+    if envid in slot_of:
+      slot_of.move_to_end(envid)
+      return slot_of[envid]
+    if len(slot_of) < self.slots:
+      slot = len(slot_of)
     else:
-      _, slot = self.slot_of.popitem(last=False)
-    self.slot_of[envid] = slot
+      _, slot = slot_of.popitem(last=False)
+    slot_of[envid] = slot
     return slot
 
   def _check(self, data):

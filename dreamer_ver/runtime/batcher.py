@@ -7,9 +7,15 @@ so an unmodified `portal.Client` talks to it (errors arrive as RuntimeError,
 a closed server as Disconnected), but it keeps its own queue and asks a
 cutoff policy (`cutoff.py`) when the queue becomes a batch.
 
-  receive thread:   socket -> decode -> Request -> pending queue
+  receive thread:   socket -> decode -> Request -> its lane's pending queue
   worker threads:   policy.decide(pending) -> handler(batch) -> replies
                     -> policy.observe_*(...) -> postfn(batch, replies)
+
+Given several cutoff policies, the server runs that many lanes (one per
+policy device): each has its own queue, policy and worker threads, so each
+cuts its own batches. A connection is routed to one lane for its lifetime
+(the lane with the fewest connections when it first calls), so the carries
+of its envs stay on one device.
 
 Bad input gets an error reply to the one caller that sent it (status 1 too
 short, 2 undecodable, 3 unknown method, 4 bad argument or handler error); the
@@ -40,6 +46,7 @@ class Request:
   `data` is the caller's dict of numpy arrays; the arrays are read-only views
   into the receive buffer (copy before writing). `envid` is the integer under
   the server's `envid_key` when the request carries one, else `addr`.
+  `lane` is the index of the lane (and cutoff policy) that serves it.
 
   A call whose `envid` is a vector carries several envs (an env worker with
   `run.envs_per_worker > 1`): it is split into one Request per env, sharing
@@ -53,6 +60,7 @@ class Request:
   envid: object = None
   group: object = None
   index: int = 0
+  lane: int = 0
 
 
 class Group:
@@ -88,7 +96,9 @@ class BatchServer:
   postfn(requests, replies): optional; runs on the same worker thread after
     the replies went out (e.g. to ship transitions). With workers > 1, calls
     from different workers may overlap and finish out of order.
-  cutoff: a cutoff.Cutoff; all its calls happen under the server's lock.
+  cutoff: a cutoff.Cutoff, or a list of them: one lane each, every lane
+    with `workers` threads of its own. All cutoff calls happen under the
+    server's lock.
   """
 
   def __init__(
@@ -97,7 +107,10 @@ class BatchServer:
     if workers < 1:
       raise ValueError(f'workers must be >= 1, got {workers}')
     self.handler = handler
-    self.cutoff = cutoff
+    cutoffs = list(cutoff) if isinstance(cutoff, (list, tuple)) else [cutoff]
+    if not cutoffs:
+      raise ValueError('need at least one cutoff policy')
+    self.lanes = [_Lane(i, c) for i, c in enumerate(cutoffs)]
     self.postfn = postfn
     self.method = method
     self.envid_key = envid_key
@@ -107,7 +120,7 @@ class BatchServer:
     kwargs = {**server_kwargs(addr), **socket_kwargs}
     self.socket = _Socket(port, name, nodelay=nodelay, **kwargs)
     self._cond = threading.Condition()
-    self._pending = collections.deque()
+    self._lane_of = {}  # addr -> the _Lane serving that connection
     self._disconnects = 0  # socket.disconnects when the queue was last pruned
     self._stats = _Stats()
     self._running = False
@@ -116,10 +129,12 @@ class BatchServer:
     self._threads = [threading.Thread(
         target=self._guard, args=(self._receive,), name=f'{name}Recv',
         daemon=True)]
-    for i in range(workers):
-      self._threads.append(threading.Thread(
-          target=self._guard, args=(self._work,), name=f'{name}Worker{i}',
-          daemon=True))
+    for lane in self.lanes:
+      for i in range(workers):
+        suffix = f'{i}' if len(self.lanes) == 1 else f'{lane.index}.{i}'
+        self._threads.append(threading.Thread(
+            target=self._guard, args=(self._work, lane),
+            name=f'{name}Worker{suffix}', daemon=True))
 
   @property
   def connections(self):
@@ -162,8 +177,12 @@ class BatchServer:
     """Counters and percentiles since the last call (which they reset)."""
     with self._cond:
       stats, self._stats = self._stats, _Stats()
-      pending = len(self._pending)
-      extra = self.cutoff.stats() if hasattr(self.cutoff, 'stats') else {}
+      pending = sum(len(lane.pending) for lane in self.lanes)
+      extra = {}
+      for lane in self.lanes:
+        prefix = '' if len(self.lanes) == 1 else f'lane{lane.index}/'
+        if hasattr(lane.cutoff, 'stats'):
+          extra.update({prefix + k: v for k, v in lane.cutoff.stats().items()})
     return {**stats.result(pending), **extra}
 
   # ---------------------------------------------------------- receive side
@@ -186,8 +205,23 @@ class BatchServer:
         self._stats.requests += len(requests)
         self._stats.errors += len(messages) - len(requests)
         self._stats.dropped += len(requests) - len(live)
-        self._pending.extend(live)
+        self._drop_disconnected()  # Route by the connections still open.
+        for request in live:
+          lane = self._route(request.addr)
+          request.lane = lane.index
+          lane.pending.append(request)
         self._cond.notify_all()
+
+  def _route(self, addr):
+    """The lane of a connection: fixed on its first call, the lane with
+    the fewest connections then."""
+    lane = self._lane_of.get(addr)
+    if lane is None:
+      conns = self.socket.conns  # Not yet pruned: a close may be under way.
+      lane = min(self.lanes, key=lambda lane: sum(a in conns for a in lane.addrs))
+      lane.addrs.add(addr)
+      self._lane_of[addr] = lane
+    return lane
 
   def _decode(self, addr, msg):
     """The call's Requests (one per env row); none after sending the caller
@@ -252,27 +286,28 @@ class BatchServer:
 
   # ----------------------------------------------------------- worker side
 
-  def _work(self):
+  def _work(self, lane):
     while True:
-      batch = self._next_batch()
+      batch = self._next_batch(lane)
       if batch is None:
         return
-      self._serve(batch)
+      self._serve(lane, batch)
 
-  def _next_batch(self):
-    """Blocks until the policy cuts a batch; None once closing."""
+  def _next_batch(self, lane):
+    """Blocks until the lane's policy cuts a batch; None once closing."""
+    pending = lane.pending
     with self._cond:
       while self._running:
         self._drop_disconnected()
         now = time.monotonic()
-        decision = self.cutoff.decide(self._pending, now)
+        decision = lane.cutoff.decide(pending, now)
         if isinstance(decision, tuple):
           count, reason = decision
-          count = min(int(count), len(self._pending))
+          count = min(int(count), len(pending))
           if count > 0:
-            batch = [self._pending.popleft() for _ in range(count)]
+            batch = [pending.popleft() for _ in range(count)]
             self._stats.cut(reason, [now - r.arrival for r in batch])
-            if self._pending:
+            if pending:
               self._cond.notify_all()  # Another worker may take the rest.
             return batch
           decision = None
@@ -290,12 +325,15 @@ class BatchServer:
       return
     self._disconnects = disconnects
     conns = self.socket.conns
-    keep = [r for r in self._pending if r.addr in conns]
-    self._stats.dropped += len(self._pending) - len(keep)
-    self._pending.clear()
-    self._pending.extend(keep)
+    for addr in [a for a in self._lane_of if a not in conns]:
+      self._lane_of.pop(addr).addrs.discard(addr)
+    for lane in self.lanes:
+      keep = [r for r in lane.pending if r.addr in conns]
+      self._stats.dropped += len(lane.pending) - len(keep)
+      lane.pending.clear()
+      lane.pending.extend(keep)
 
-  def _serve(self, batch):
+  def _serve(self, lane, batch):
     start = time.monotonic()
     try:
       replies = list(self.handler(batch))
@@ -318,10 +356,10 @@ class BatchServer:
         replied.extend(request.group.envids)
       sent.append(time.monotonic())
     with self._cond:
-      self.cutoff.observe_batch(len(batch), inference)
+      lane.cutoff.observe_batch(len(batch), inference)
       now = time.monotonic()
       for envid in replied:
-        self.cutoff.observe_reply(envid, now)
+        lane.cutoff.observe_reply(envid, now)
       self._stats.served(batch, sent, inference, errors)
       self._cond.notify_all()
     if self.postfn:
@@ -368,16 +406,27 @@ class BatchServer:
         return False
     return False
 
-  def _guard(self, loop):
+  def _guard(self, loop, *args):
     """A crashed loop stops the server instead of hanging its clients."""
     try:
-      loop()
+      loop(*args)
     except Exception as e:
       traceback.print_exc()
       self.error = self.error or e
       with self._cond:
         self._running = False
         self._cond.notify_all()
+
+
+class _Lane:
+  """One lane of the server: its queue, its cutoff policy, and the
+  connections routed to it."""
+
+  def __init__(self, index, cutoff):
+    self.index = index
+    self.cutoff = cutoff
+    self.pending = collections.deque()
+    self.addrs = set()
 
 
 class _Socket(portal.ServerSocket):

@@ -380,20 +380,23 @@ def _greedy_cost(free, arrivals, first, infer):
   return cost
 
 
-def make_cutoff(run, envs, buckets, inference=None):
-  """The cutoff policy named by `run.actor_cutoff` with its guard rails.
+def make_cutoff(run, envs, buckets, inference=None, lanes=1):
+  """The cutoff policy named by `run.actor_cutoff` with its guard rails,
+  for one of `lanes` lanes that share `envs` envs.
 
-  Defaults as VER's: min = N / (1.5 W), max = N (all envs), with N the envs
-  and W the inference threads.
+  Defaults as VER's: min = N / (1.5 W), max = the lane's share of the N
+  envs, with W the inference threads of all lanes.
   """
-  threads = max(1, run.actor_threads)
-  max_batch = run.actor_max_batch if run.actor_max_batch > 0 else envs
+  threads = max(1, run.actor_threads) * lanes
+  lane_envs = -(-envs // lanes)
+  max_batch = run.actor_max_batch if run.actor_max_batch > 0 else lane_envs
   min_batch = run.actor_min_batch
   if min_batch <= 0:
     min_batch = max(1, int(envs / threads / 1.5))
   min_batch = min(min_batch, max_batch)
   if run.actor_cutoff == 'fixed':
-    batch = run.actor_batch if run.actor_batch > 0 else max(1, run.envs // 2)
+    batch = run.actor_batch if run.actor_batch > 0 else max(
+        1, run.envs // (2 * lanes))
     return Fixed(batch)
   if run.actor_cutoff == 'ver':
     return VER(min_batch, max_batch, run.actor_min_wait, run.actor_max_wait)

@@ -11,8 +11,8 @@ import os
 
 def setup(config):
   """Applies `jax.platform`, `jax.prealloc` and `jax.jit`; returns the
-  (policy device, train device) named by `jax.policy_devices[0]` and
-  `jax.train_devices[0]`."""
+  policy devices (a list: the actor runs one lane per entry of
+  `jax.policy_devices`) and the train device (`jax.train_devices[0]`)."""
   import jax
   cfg = config.jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
@@ -22,12 +22,12 @@ def setup(config):
   jax.config.update('jax_disable_jit', not cfg.jit)
   devices = jax.devices()
 
-  def pick(key):
-    index = cfg[key][0]
+  def pick(key, index):
     if index >= len(devices):
       raise ValueError(
           f'jax.{key} names device {index}, but this process has '
           f'{len(devices)} {devices[0].platform} device(s)')
     return devices[index]
 
-  return pick('policy_devices'), pick('train_devices')
+  policy = [pick('policy_devices', i) for i in cfg.policy_devices]
+  return policy, pick('train_devices', cfg.train_devices[0])

@@ -88,7 +88,7 @@ def eval_only(config, mode=None):
                    config.seed * 100_000 + config.run.envs + i)
           for i in range(count)]
   try:
-    device, _ = devices.setup(config)
+    device = devices.setup(config)[0][0]  # the first policy device
     agent = Agent(envs[0].obs_space, envs[0].act_space, config)
     template = agent.init_state(agent.init_params(config.seed), config.seed)
     try:

@@ -9,7 +9,11 @@
   ``eval_episode/score`` and ``eval_episode/length`` (upstream mixed the two),
   and each one is a line in ``scores.jsonl``. An episode whose start was not
   seen, or that was cut by a new ``is_first`` (``parallel/ep_abandoned``), or
-  whose env went silent for ``run.episode_timeout`` seconds is never logged.
+  whose env went silent for ``run.episode_timeout`` seconds, or that has a
+  hole (``parallel/ep_gap``) is never logged. The optional column ``missed``
+  says how many earlier rows of that env never arrived (the actor's link
+  drops batches rather than wait for a slow logger): their train steps are
+  still counted, and the env's open episode is dropped.
 * ``add(metrics)`` gets scalars from the other components; each key is
   averaged until the next ``write()``.
 * ``write()`` appends one line to ``metrics.jsonl`` (and TensorBoard if asked
@@ -106,6 +110,7 @@ class LoggerService:
     envids, is_eval = columns['envid'], columns['is_eval']
     is_first, is_last = columns['is_first'], columns['is_last']
     rewards = columns['reward']
+    missed = columns.get('missed')
     with self._lock:
       self.activity += 1
       now = self.clock()
@@ -113,6 +118,11 @@ class LoggerService:
         envid, evaluating = int(envids[i]), bool(is_eval[i])
         if not evaluating:
           self._step += 1
+        if missed is not None and missed[i] > 0:
+          if not evaluating:
+            self._step += int(missed[i])
+          if self._open.pop(envid, None) is not None:
+            self._counts['parallel/ep_gap'] += 1
         episode = self._open.get(envid)
         if is_first[i]:
           self._counts['parallel/ep_starts'] += 1
@@ -182,6 +192,12 @@ class LoggerService:
             f"tran: key {key!r}: expected leading dim N={count} (from "
             f"'envid'), received shape {shape}.")
     columns = {key: np.asarray(trans[key]) for key in REQUIRED_KEYS}
+    if 'missed' in trans:
+      missed = np.asarray(trans['missed'])
+      if missed.ndim != 1 or not np.issubdtype(missed.dtype, np.integer) or (
+          missed < 0).any():
+        raise ValueError("tran: 'missed' must be non-negative integers [N].")
+      columns['missed'] = missed
     # Only numeric scalars per row are aggregated; other log values are ignored.
     logs = {}
     for key, value in trans.items():

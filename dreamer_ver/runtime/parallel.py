@@ -100,7 +100,7 @@ def parallel_agent(config):
   config = with_token(config)
   run = config.run
   stop = StopSignal()
-  policy_device, train_device = devices.setup(config)
+  policy_devices, train_device = devices.setup(config)
   env = make_env(config.task, config.env)
   agent = Agent(env.obs_space, env.act_space, config)
   env.close()
@@ -112,12 +112,12 @@ def parallel_agent(config):
     state, counters = ckpt.load(state)
     print(f'Agent resumed at step {counters["steps"]} '
           f'(params version {counters["version"]}).')
-  # The learner's state lives on the train device; the actor's params copy
-  # (and so its carry table, which the jitted step keeps beside them) on
-  # the policy device.
+  # The learner's state lives on the train device; the actor's params
+  # copies (and so its carry tables, which the jitted step keeps beside
+  # them) on the policy devices, one inference lane each.
   state = jax.device_put(state, train_device)
   store = ParamsStore(policy_params(state['params']), counters['version'],
-                      device=policy_device)
+                      devices=policy_devices)
 
   envs = run.envs + run.eval_envs
   max_batch = run.actor_max_batch if run.actor_max_batch > 0 else envs
@@ -130,9 +130,10 @@ def parallel_agent(config):
           run.logger_addr, 'ActorLogger', maxinflight=8, when_full='drop',
           **client_kwargs(config)))
   actor.served = counters['steps']
-  inference = actor.compile()
-  print('Policy compiled; inference ms per bucket:',
-        {k: round(v * 1000, 2) for k, v in inference.items()})
+  inference = actor.compile()  # seconds per bucket, one dict per lane
+  for lane, times in enumerate(inference):
+    print(f'Policy compiled on {policy_devices[lane]}; inference ms per bucket:',
+          {k: round(v * 1000, 2) for k, v in times.items()})
 
   logger = Client(
       run.logger_addr, 'LearnerLogger', maxinflight=2, when_full='drop',
@@ -148,7 +149,8 @@ def parallel_agent(config):
   done = lambda: bool(stop) or actor.served >= run.steps
   server = BatchServer(
       run.actor_addr, actor.handle,
-      cutofflib.make_cutoff(run, envs, actor.buckets, inference),
+      [cutofflib.make_cutoff(run, envs, actor.buckets, times, len(inference))
+       for times in inference],
       postfn=actor.post, workers=run.actor_threads, name='Actor',
       max_msg_size=actor.max_request_bytes(),
       **server_kwargs(run.actor_addr, config))

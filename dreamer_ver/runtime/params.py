@@ -1,7 +1,8 @@
 """Versioned parameters: the learner publishes, the actor reads the newest.
 
 Publishing swaps one reference under a lock, so the actor never sees a half
-updated tree and never waits for the learner.
+updated tree and never waits for the learner. With several policy devices
+the store keeps one copy per device, all of one version.
 """
 
 import threading
@@ -11,23 +12,29 @@ import jax.numpy as jnp
 
 
 class ParamsStore:
+  """`devices`: where the copies live (None: JAX's default device)."""
 
-  def __init__(self, params, version=0, device=None):
+  def __init__(self, params, version=0, devices=(None,)):
     self._lock = threading.Lock()
-    self._device = device
-    self._params = self._own(params)
+    self._devices = tuple(devices)
+    self._copies = self._own(params)
     self._version = int(version)
 
   def publish(self, params, version):
-    """Stores a private copy: the learner's buffers are donated to the next
+    """Stores private copies: the learner's buffers are donated to the next
     train step, so the actor must not hold on to them."""
-    params = self._own(params)
+    copies = self._own(params)
     with self._lock:
-      self._params, self._version = params, int(version)
+      self._copies, self._version = copies, int(version)
 
-  def latest(self):
+  def latest(self, device=0):
+    """(params on the `device`-th device, version)."""
     with self._lock:
-      return self._params, self._version
+      return self._copies[device], self._version
+
+  @property
+  def devices(self):
+    return self._devices
 
   @property
   def version(self):
@@ -35,7 +42,7 @@ class ParamsStore:
       return self._version
 
   def _own(self, params):
-    params = jax.tree.map(jnp.copy, params)
-    if self._device is not None:
-      params = jax.device_put(params, self._device)
-    return params
+    return tuple(
+        jax.tree.map(jnp.copy, params) if device is None
+        else jax.device_put(params, device, may_alias=False)
+        for device in self._devices)
