@@ -611,16 +611,21 @@ def make_actor(config, extra):
   return actor, inference
 
 
+def zero_requests(actor, size):
+  """`size` valid requests of envs 0..size-1 with all-zero observations."""
+  datas = []
+  for i in range(size):
+    data = {k: np.zeros(s.shape, s.dtype) for k, s in actor.obs_space.items()}
+    data['is_first'] = np.bool_(True)
+    data['envid'] = np.int64(i)
+    datas.append(data)
+  return datas
+
+
 def _measure_inference(actor, repeats=20):
   times = {}
   for size in actor.buckets:
-    datas = []
-    for i in range(size):
-      data = {k: np.zeros(s.shape, s.dtype)
-              for k, s in actor.obs_space.items()}
-      data['is_first'] = np.bool_(True)
-      data['envid'] = np.int64(i)
-      datas.append(data)
+    datas = zero_requests(actor, size)
     samples = []
     for _ in range(repeats):
       start = time.perf_counter()

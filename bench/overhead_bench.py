@@ -30,12 +30,7 @@ def measure(actor, repeats):
   lane = actor.lanes[0]
   params = actor._policy_params(actor.params.latest(0)[0])
   for size in actor.buckets:
-    datas = []
-    for i in range(size):
-      data = {k: np.zeros(s.shape, s.dtype) for k, s in actor.obs_space.items()}
-      data['is_first'] = np.bool_(True)
-      data['envid'] = np.int64(i)
-      datas.append(data)
+    datas = actor_bench.zero_requests(actor, size)
     step = []
     for _ in range(repeats):
       start = time.perf_counter()
