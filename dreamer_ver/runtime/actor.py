@@ -68,7 +68,7 @@ class Actor:
     self.served = 0  # train env steps served (eval rows excluded)
     self.post_errors = 0  # add_batch / tran calls that came back failed
     self._missed = {}  # envid -> its rows the logger has not received
-    self._missed_lock = threading.Lock()
+    self._post_lock = threading.Lock()  # post() runs on every worker thread
     self.version = 0  # params version of the latest batch
     self._step = jax.jit(self._step_fn, donate_argnums=(1,))
 
@@ -134,7 +134,8 @@ class Actor:
     if entry is None:
       return
     trans, logs = entry
-    self.served += int((~trans['is_eval']).sum())
+    with self._post_lock:
+      self.served += int((~trans['is_eval']).sum())
     if self.replay is not None:
       self._watch(self.replay.add_batch(trans), 'replay.add_batch')
     if self.logger is not None:
@@ -146,14 +147,14 @@ class Actor:
     the logger still counts every env step and never logs an episode with
     a hole in it."""
     envids = trans['envid'].tolist()
-    with self._missed_lock:
+    with self._post_lock:
       missed = [self._missed.pop(e, 0) for e in envids]
     future = self.logger.tran(
         {**trans, **logs, 'missed': np.array(missed, np.int64)})
 
     def done(future):
       if future.exception() is not None:  # These rows are missed too.
-        with self._missed_lock:
+        with self._post_lock:
           for envid, count in zip(envids, missed):
             self._missed[envid] = self._missed.get(envid, 0) + count + 1
     future.add_done_callback(done)
@@ -165,8 +166,10 @@ class Actor:
     def done(future):
       error = future.exception()
       if error is not None:
-        self.post_errors += 1
-        if self.post_errors <= 5:
+        with self._post_lock:
+          self.post_errors += 1
+          count = self.post_errors
+        if count <= 5:
           print(f'[actor] {what} failed: {error}', flush=True)
     future.add_done_callback(done)
 
