@@ -217,7 +217,9 @@ class BatchServer:
     the fewest connections then."""
     lane = self._lane_of.get(addr)
     if lane is None:
-      conns = self.socket.conns  # Not yet pruned: a close may be under way.
+      # Count open connections only: a lane's addrs are pruned after the
+      # socket counts a disconnect, which may lag the close by a moment.
+      conns = self.socket.conns
       lane = min(self.lanes, key=lambda lane: sum(a in conns for a in lane.addrs))
       lane.addrs.add(addr)
       self._lane_of[addr] = lane
