@@ -205,7 +205,6 @@ class BatchServer:
         self._stats.requests += len(requests)
         self._stats.errors += len(messages) - len(requests)
         self._stats.dropped += len(requests) - len(live)
-        self._drop_disconnected()  # Route by the connections still open.
         for request in live:
           lane = self._route(request.addr)
           request.lane = lane.index

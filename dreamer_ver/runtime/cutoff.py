@@ -135,6 +135,22 @@ class WindowedMean:
     return max(0.0, self.squares / len(self.values) - mean * mean) ** 0.5
 
 
+class LastBatch:
+  """When the latest batch's replies went out. VER's adaptive minimum wait
+  counts from there: an actor idle that long cuts at once instead of
+  holding its first request."""
+
+  def __init__(self):
+    self.time = None
+
+  def observe(self, time):
+    self.time = time if self.time is None else max(self.time, time)
+
+  def since(self, pending, now):
+    """Seconds since then (before any batch: since the oldest request)."""
+    return now - (self.time if self.time is not None else pending[0].arrival)
+
+
 class VER(Cutoff):
   """VER's inference-worker rule: cut once `min_batch` requests are queued,
   or once `min_wait` has passed since the last batch with at least one
@@ -149,7 +165,7 @@ class VER(Cutoff):
     self.min_wait = min_wait
     self.max_wait = max_wait
     self.inference = WindowedMean(128)
-    self.last_batch = None  # when the last batch finished
+    self.last_batch = LastBatch()
 
   def decide(self, pending, now):
     count = len(pending)
@@ -161,8 +177,7 @@ class VER(Cutoff):
       return Cut(count, 'min')
     if now - pending[0].arrival >= self.max_wait:
       return Cut(count, 'latency_cap')
-    since = now - (self.last_batch if self.last_batch is not None
-                   else pending[0].arrival)
+    since = self.last_batch.since(pending, now)
     if since >= self.min_wait:
       return Cut(count, 'min_wait')
     return min(self.min_wait - since,
@@ -173,8 +188,7 @@ class VER(Cutoff):
     self.min_wait = self.inference.mean / 2
 
   def observe_reply(self, envid, time):
-    self.last_batch = time if self.last_batch is None else max(
-        self.last_batch, time)
+    self.last_batch.observe(time)
 
 
 class Preempt(Cutoff):
@@ -213,7 +227,7 @@ class Preempt(Cutoff):
     self.step = {}  # envid -> WindowedMean of reply -> next arrival
     self.replied = {}  # envid -> time of the last reply, while not queued
     self.recent = WindowedMean(128)  # inference seconds, any bucket
-    self.last_reply = None  # when the latest batch's replies went out
+    self.last_batch = LastBatch()
     self._table = None  # cached _infer_table(), reset by observe_batch
     self.decided = None  # (predicted wait, when decided) for stats
     self.wait_errors = WindowedMean(1024)
@@ -234,12 +248,8 @@ class Preempt(Cutoff):
     best, best_wait = self._best_cut(
         count, arrivals[:self.max_batch - count], now, self._infer_table())
     if best == 0:
-      # VER's adaptive minimum wait counts from the last batch's replies,
-      # not from the oldest arrival: an actor that has been idle that long
-      # cuts at once instead of holding its first request.
       min_wait = self.recent.mean / 2
-      since = now - (self.last_reply if self.last_reply is not None
-                     else pending[0].arrival)
+      since = self.last_batch.since(pending, now)
       if count >= self.min_batch or since >= min_wait:
         return self._cut(count, 'optimum', now)
       best_wait = min_wait - since
@@ -293,8 +303,7 @@ class Preempt(Cutoff):
 
   def observe_reply(self, envid, time):
     self.replied[envid] = time
-    self.last_reply = time if self.last_reply is None else max(
-        self.last_reply, time)
+    self.last_batch.observe(time)
 
   def stats(self):
     return {

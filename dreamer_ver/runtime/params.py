@@ -27,10 +27,10 @@ class ParamsStore:
     with self._lock:
       self._copies, self._version = copies, int(version)
 
-  def latest(self, device=0):
-    """(params on the `device`-th device, version)."""
+  def latest(self, index=0):
+    """(params on the `index`-th of the store's devices, version)."""
     with self._lock:
-      return self._copies[device], self._version
+      return self._copies[index], self._version
 
   @property
   def devices(self):
