@@ -300,6 +300,22 @@ def test_train_and_report_on_all_encoder_paths(dummy_agent):
   assert np.isfinite(float(report['openloop/image_mse']))
 
 
+def test_agent_ignores_log_keys_that_batches_do_not_carry():
+  # dmc proprio renders `log/image` for videos; the replay server drops
+  # `log/` keys, so training must not look for them.
+  obs_space, act_space = vector_spaces()
+  cfg = small_config()
+  plain = agentlib.Agent(obs_space, act_space, cfg)
+  logged = agentlib.Agent(
+      {**obs_space, 'log/image': elements.Space(np.uint8, (8, 8, 3))},
+      act_space, cfg)
+  assert 'log/image' not in logged.obs_space
+  batch = make_batch(plain, cfg.batch_size, cfg.batch_length + cfg.replay_context)
+  state = logged.init_state(logged.init_params(0))
+  state, _, _, mets = logged.train(state, logged.init_carry(cfg.batch_size), batch)
+  assert int(state['step']) == 1 and np.isfinite(float(mets['loss/vector']))
+
+
 def test_save_load_round_trip_is_exact(tmp_path):
   obs_space, act_space = vector_spaces()
   cfg = small_config()

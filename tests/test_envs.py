@@ -7,12 +7,14 @@ import elements
 import gymnasium
 import numpy as np
 import pytest
+from portal import packlib
 
 from dreamer_ver import envs
 from dreamer_ver.envs import base
 from dreamer_ver.envs import gym as gym_env
 from dreamer_ver.envs import resize
 from dreamer_ver.envs import wrappers
+from dreamer_ver.runtime import env_worker
 
 
 def assert_space(space, dtype, shape, low=None, high=None):
@@ -446,17 +448,33 @@ def test_dmc_cartpole_proprio():
       totals, [rewards[0] + rewards[1], rewards[2] + rewards[3]], rtol=1e-6)
 
 
-def test_dmc_image_rendering():
+def rendered_dmc(config):
+  """A dmc cartpole env with rendering, and its first observation."""
   pytest.importorskip('dm_control')
   try:
-    env = envs.make_env('dmc_cartpole_balance', {'dmc': {'size': [32, 48]}})
-    obs = env.step(zero_action(env, reset=True))
+    env = envs.make_env('dmc_cartpole_balance', config)
+    return env, env.step(zero_action(env, reset=True))
   except Exception as e:  # No usable OpenGL backend (EGL/OSMesa) here.
     pytest.skip(f'MuJoCo rendering unavailable: {type(e).__name__}: {e}')
+
+
+def test_dmc_image_rendering():
+  env, obs = rendered_dmc({'dmc': {'size': [32, 48]}})
   assert_space(env.obs_space['image'], np.uint8, (32, 48, 3))
   assert obs['image'].shape == (32, 48, 3) and obs['image'].dtype == np.uint8
   assert obs['image'].std() > 0
   assert 'position' in obs  # proprio stays on by default.
+
+
+def test_dmc_log_image_goes_over_the_wire():
+  # The proprio preset still renders `log/image`; MuJoCo's frames are
+  # flipped views, which the env worker must send as contiguous arrays.
+  env, obs = rendered_dmc({'dmc': {'image': False, 'size': [16, 16]}})
+  assert 'image' not in obs and obs['log/image'].shape == (16, 16, 3)
+  data = env_worker.request([obs], [7], False, single=True)
+  back = packlib.unpack(b''.join(packlib.pack(data)))
+  assert int(back['envid']) == 7
+  np.testing.assert_array_equal(back['log/image'], obs['log/image'])
 
 
 def test_dmc_task_names():

@@ -42,11 +42,13 @@ class Agent:
 
   def __init__(self, obs_space, act_space, config):
     self.config = config
-    self.obs_space = dict(obs_space)
+    # `log/` keys are for logging only: the replay and the learner's
+    # batches never carry them, so the agent does not know of them.
+    self.obs_space = {k: v for k, v in obs_space.items()
+                      if not k.startswith('log/')}
     self.act_space = {k: v for k, v in act_space.items() if k != 'reset'}
-    self.model_space = {
-        k: v for k, v in self.obs_space.items()
-        if k not in RESERVED and not k.startswith('log/')}
+    self.model_space = {k: v for k, v in self.obs_space.items()
+                        if k not in RESERVED}
     cfg = config.agent
     self.dtype = jnp.dtype(config.jax.compute_dtype)
     self.context = int(config.replay_context)

@@ -52,8 +52,7 @@ class Actor:
     self.slots = int(slots)
     self.buckets = sorted(set(int(b) for b in buckets))
     self.mode = mode
-    self.obs_space = {k: v for k, v in agent.obs_space.items()
-                      if not k.startswith('log/')}
+    self.obs_space = agent.obs_space
     self.lanes = []
     for i, device in enumerate(params_store.devices):
       table = agent.init_carry(self.slots + 1)  # donated: one per lane

@@ -52,15 +52,8 @@ def _serve(client, envs, envids, halves, is_eval, stop):
 
   def ask(half):
     obs = [envs[i].step(actions[i]) for i in half]
-    if len(envs) == 1:
-      request = {k: np.asarray(v) for k, v in obs[0].items()}
-      request['envid'] = np.int64(envids[0])
-      request['is_eval'] = np.bool_(is_eval)
-    else:
-      request = {k: np.stack([np.asarray(o[k]) for o in obs]) for k in obs[0]}
-      request['envid'] = np.array([envids[i] for i in half], np.int64)
-      request['is_eval'] = np.full(len(half), is_eval, bool)
-    return client.send('act', request)
+    return client.send('act', request(
+        obs, [envids[i] for i in half], is_eval, single=len(envs) == 1))
 
   pending = [ask(half) for half in halves]
   while not stop:
@@ -74,3 +67,19 @@ def _serve(client, envs, envids, halves, is_eval, stop):
         for row, i in enumerate(half):
           actions[i] = {k: v[row] for k, v in reply.items()}
       pending[h] = ask(half)
+
+
+def request(obs, envids, is_eval, single):
+  """The `act` request for the observations `obs` of the envs `envids`:
+  one env's arrays as they are (`single`), else stacked with one row per
+  env. Arrays are made C-contiguous, as the wire needs (dm_control renders
+  flipped views)."""
+  if single:
+    data = {k: np.asarray(v, order='C') for k, v in obs[0].items()}
+    data['envid'] = np.int64(envids[0])
+    data['is_eval'] = np.bool_(is_eval)
+  else:
+    data = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+    data['envid'] = np.array(envids, np.int64)
+    data['is_eval'] = np.full(len(envids), is_eval, bool)
+  return data

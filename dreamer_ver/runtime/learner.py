@@ -99,9 +99,7 @@ class Learner:
     server returns: the actor's transitions plus stepid and consec."""
     B = self.config.batch_size
     rssm = self.config.agent.rssm
-    spaces = {k: v for k, v in self.agent.obs_space.items()
-              if not k.startswith('log/')}
-    spaces.update(self.agent.act_space)
+    spaces = {**self.agent.obs_space, **self.agent.act_space}
     batch = {k: np.zeros((B, length, *s.shape), s.dtype)
              for k, s in spaces.items()}
     batch['dyn/deter'] = np.zeros((B, length, rssm.deter), np.float32)
