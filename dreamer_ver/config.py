@@ -158,6 +158,15 @@ def _targets(flat, key, where):
     return matches
   if key in flat:
     return [key]
+  # A unique last part names its key: `from_checkpoint` is
+  # `run.from_checkpoint`.
+  suffixed = [k for k in flat if k.endswith('.' + key)]
+  if len(suffixed) == 1:
+    return suffixed
+  if suffixed:
+    raise ConfigError(
+        f"{where}: config key '{key}' is ambiguous: "
+        + ', '.join(sorted(suffixed)))
   children = [k for k in flat if k.startswith(key + '.')]
   if children:
     raise ConfigError(
@@ -345,7 +354,8 @@ def parse_known(argv, folder=None):
       except re.error as e:
         raise ConfigError(f"{where}: not a valid regex: {e}")
     else:
-      known = name in flat or any(k.startswith(name + '.') for k in flat)
+      known = name in flat or any(
+          k.startswith(name + '.') or k.endswith('.' + name) for k in flat)
     if not known:
       remaining += [f'--{name}', *values]
       continue

@@ -173,6 +173,14 @@ def test_regex_flag_and_override():
   assert c.run.envs == 3
 
 
+def test_a_unique_last_part_names_its_key():
+  c = C.load_config(['--script', 'eval_only', '--from_checkpoint', 'runs/a',
+                     '--envs', '3'])
+  assert c.run.from_checkpoint == 'runs/a' and c.run.envs == 3
+  msg = error(C.load_config, ['--units', '8'])
+  assert "'units' is ambiguous" in msg and 'agent.policy.units' in msg
+
+
 def test_unknown_key_errors_name_the_key():
   msg = error(C.load_config, ['--configs', 'debug', '--bogus.key', '1'])
   assert "'bogus.key'" in msg and '--bogus.key' in msg
