@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,3 +93,24 @@ def test_launch_script_runs_components_as_separate_processes(tmp_path):
   assert counters['steps'] >= 200
   assert (logdir / 'ckpt' / 'replay.json').exists()
   assert (logdir / 'metrics.jsonl').exists()
+
+
+def test_parallel_runs_the_dmc_proprio_preset(tmp_path):
+  """dm_control from state, as the `dmc_proprio` preset runs it: the env
+  also renders `log/image` for videos, which crosses the wire but never
+  reaches the replay or the learner."""
+  pytest.importorskip('dm_control')
+  from dreamer_ver.envs import make_env
+  try:
+    make_env('dmc_cartpole_balance', {'dmc': {'image': False}}).step(
+        {'reset': True, 'action': np.zeros(1, np.float32)})
+  except Exception as e:  # No usable OpenGL backend (EGL/OSMesa) here.
+    pytest.skip(f'MuJoCo rendering unavailable: {type(e).__name__}: {e}')
+  logdir = tmp_path / 'dmc'
+  code, out = _main(
+      '--script', 'parallel', '--logdir', str(logdir),
+      '--configs', 'dmc_proprio', 'debug', '--task', 'dmc_cartpole_balance',
+      '--run.envs', '2', '--run.eval_envs', '0', '--run.steps', '200')
+  assert code == 0, out[-3000:]
+  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  assert counters['steps'] >= 200 and counters['version'] >= 1, counters
