@@ -66,6 +66,19 @@ def test_waits_only_while_an_arrival_beats_a_second_batch(due_ms, waits):
     assert decision == cutoff.Cut(1, 'optimum')
 
 
+def test_waits_price_in_how_much_past_waits_overran():
+  # As above with d = 1.5 ms, which is worth waiting for; but if waits
+  # have run 1 ms past their predictions, the arrival is as good as 2.5 ms
+  # away, and cutting now wins.
+  policy, t = trained([0, 1], step_time=0.010, inference=0.004)
+  policy.observe_reply(1, t + 0.0015)
+  now = t + 0.010
+  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0015, abs=2e-4)
+  for _ in range(8):
+    policy.wait_errors.add(0.001)
+  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+
+
 def test_cuts_now_when_arrivals_are_spread_out():
   # 1 ms per batch, four envs due 2, 4, 6 and 8 ms from now: each can be
   # served on arrival, so holding the queued request for any of them only

@@ -244,7 +244,10 @@ class Preempt(Cutoff):
     deadline = pending[0].arrival + self.max_wait
     if now >= deadline:
       return self._cut(count, 'latency_cap', now)
-    arrivals = self._predicted_arrivals(now, deadline)
+    # Waits have overrun their predictions by `wait_errors` on average
+    # (wake-up delay, arrivals a little late); the options price that in.
+    lag = max(0.0, self.wait_errors.mean)
+    arrivals = [a + lag for a in self._predicted_arrivals(now, deadline)]
     best, best_wait = self._best_cut(
         count, arrivals[:self.max_batch - count], now, self._infer_table())
     if best == 0:
