@@ -145,6 +145,12 @@ def _typename(value):
   return type(value).__name__
 
 
+def _ending_in(flat, key):
+  """The keys whose last part is `key`: when there is one, `key` names it
+  (`from_checkpoint` is `run.from_checkpoint`)."""
+  return [k for k in flat if k.endswith('.' + key)]
+
+
 def _targets(flat, key, where):
   """The existing keys that an override key (plain or regex) refers to."""
   if _is_regex(key):
@@ -158,9 +164,7 @@ def _targets(flat, key, where):
     return matches
   if key in flat:
     return [key]
-  # A unique last part names its key: `from_checkpoint` is
-  # `run.from_checkpoint`.
-  suffixed = [k for k in flat if k.endswith('.' + key)]
+  suffixed = _ending_in(flat, key)
   if len(suffixed) == 1:
     return suffixed
   if suffixed:
@@ -354,8 +358,8 @@ def parse_known(argv, folder=None):
       except re.error as e:
         raise ConfigError(f"{where}: not a valid regex: {e}")
     else:
-      known = name in flat or any(
-          k.startswith(name + '.') or k.endswith('.' + name) for k in flat)
+      known = (name in flat or _ending_in(flat, name)
+               or any(k.startswith(name + '.') for k in flat))
     if not known:
       remaining += [f'--{name}', *values]
       continue

@@ -15,6 +15,7 @@ from dreamer_ver.envs import gym as gym_env
 from dreamer_ver.envs import resize
 from dreamer_ver.envs import wrappers
 from dreamer_ver.runtime import env_worker
+from conftest import rendered_dmc
 
 
 def assert_space(space, dtype, shape, low=None, high=None):
@@ -446,16 +447,6 @@ def test_dmc_cartpole_proprio():
           'reward']) for _ in range(2)]
   np.testing.assert_allclose(
       totals, [rewards[0] + rewards[1], rewards[2] + rewards[3]], rtol=1e-6)
-
-
-def rendered_dmc(config):
-  """A dmc cartpole env with rendering, and its first observation."""
-  pytest.importorskip('dm_control')
-  try:
-    env = envs.make_env('dmc_cartpole_balance', config)
-    return env, env.step(zero_action(env, reset=True))
-  except Exception as e:  # No usable OpenGL backend (EGL/OSMesa) here.
-    pytest.skip(f'MuJoCo rendering unavailable: {type(e).__name__}: {e}')
 
 
 def test_dmc_image_rendering():

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from conftest import rendered_dmc
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
@@ -99,13 +99,7 @@ def test_parallel_runs_the_dmc_proprio_preset(tmp_path):
   """dm_control from state, as the `dmc_proprio` preset runs it: the env
   also renders `log/image` for videos, which crosses the wire but never
   reaches the replay or the learner."""
-  pytest.importorskip('dm_control')
-  from dreamer_ver.envs import make_env
-  try:
-    make_env('dmc_cartpole_balance', {'dmc': {'image': False}}).step(
-        {'reset': True, 'action': np.zeros(1, np.float32)})
-  except Exception as e:  # No usable OpenGL backend (EGL/OSMesa) here.
-    pytest.skip(f'MuJoCo rendering unavailable: {type(e).__name__}: {e}')
+  rendered_dmc({'dmc': {'image': False}})  # Skips without rendering.
   logdir = tmp_path / 'dmc'
   code, out = _main(
       '--script', 'parallel', '--logdir', str(logdir),
