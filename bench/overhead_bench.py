@@ -28,7 +28,7 @@ def measure(actor, repeats):
   """Median ms per bucket of actor.step and of the bare jitted step."""
   rows = []
   lane = actor.lanes[0]
-  params = actor._policy_params(actor.params.latest(0)[0])
+  params, _ = actor.params.latest(0)
   for size in actor.buckets:
     datas = actor_bench.zero_requests(actor, size)
     step = []
@@ -42,7 +42,7 @@ def measure(actor, repeats):
     forward = []
     for _ in range(repeats):
       start = time.perf_counter()
-      lane.table, acts, _ = actor._step(params, lane.table, slots, obs, actor.key)
+      acts, _ = actor.forward(lane, params, slots, obs, actor.key)
       jax.block_until_ready(acts)
       forward.append(time.perf_counter() - start)
     obs_bytes = sum(v.nbytes for v in jax.tree.leaves(obs))

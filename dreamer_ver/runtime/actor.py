@@ -87,8 +87,7 @@ class Actor:
         slots = np.full((size,), self.slots, np.int32)
         for _ in range(2):  # The second call measures the compiled step.
           start = time.perf_counter()
-          lane.table, acts, outs = self._step(
-              self._policy_params(params), lane.table, slots, obs, self.key)
+          acts, _ = self.forward(lane, params, slots, obs, self.key)
           jax.block_until_ready(acts)
           times[-1][size] = time.perf_counter() - start
     return times
@@ -191,8 +190,7 @@ class Actor:
       params, version = self.params.latest(lane.index)
       self.version = version
       key = jax.random.fold_in(self.key, next(self._batch_numbers))
-      lane.table, acts, outs = self._step(
-          self._policy_params(params), lane.table, slots, obs, key)
+      acts, outs = self.forward(lane, params, slots, obs, key)
     acts, outs = jax.device_get((acts, outs))
     trans = {k: v[:n] for k, v in obs.items()}
     trans.update({k: v[:n] for k, v in acts.items()})
@@ -202,6 +200,15 @@ class Actor:
         [bool(d.get('is_eval', False)) for d in datas], bool)
     trans['version'] = np.full((n,), version, np.int64)
     return trans
+
+  def forward(self, lane, params, slots, obs, key):
+    """The jitted step alone: gathers the carries at `slots` of the lane's
+    table, runs the policy and scatters the new carries back. Returns the
+    actions and outputs on the device; the caller holds `lane.lock` if
+    other threads serve the lane."""
+    lane.table, acts, outs = self._step(
+        self._policy_params(params), lane.table, slots, obs, key)
+    return acts, outs
 
   def max_request_bytes(self, margin=1 << 20):
     """The largest legal request: two observations plus a margin for the
