@@ -438,6 +438,10 @@ def validate(config):
   need(0 <= c['replay.prio.maxfrac'] <= 1,
        f"replay.prio.maxfrac must be in [0, 1] (got {c['replay.prio.maxfrac']})")
 
+  need(c['run.eval_mode'] in ('greedy', 'sample'),
+       f"run.eval_mode must be 'greedy' or 'sample' "
+       f"(got '{c['run.eval_mode']}')")
+
   # Actor batching.
   envs, total = c['run.envs'], c['run.envs'] + c['run.eval_envs']
   need(c['run.actor_cutoff'] in ('preempt', 'ver', 'fixed'),

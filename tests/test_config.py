@@ -270,6 +270,7 @@ def test_block_errors_name_block_and_key(tmp_path):
     ({'run.actor_buckets': [1, 2]}, 'run.actor_buckets'),
     ({'run.actor_buckets': [4, 2, 8]}, 'run.actor_buckets'),
     ({'run.actor_cutoff': 'magic'}, 'run.actor_cutoff'),
+    ({'run.eval_mode': 'mode'}, "run.eval_mode must be 'greedy' or 'sample'"),
     ({'jax.compute_dtype': 'float64'}, 'jax.compute_dtype'),
     ({'task': 'cartpole'}, 'task must look like <suite>_<name>'),
     ({'task': 'dmc_walker_walk', 'env.dmc.image': False,

@@ -61,8 +61,9 @@ def test_eval_only_from_the_ckpt_folder_sampled_and_random(run_dir, tmp_path):
   out = tmp_path / 'eval'
   config = configlib.load_config([
       *FLAGS, '--logdir', str(out), '--run.from_checkpoint',
-      str(run_dir / 'ckpt'), '--run.steps', '3', '--run.eval_envs', '4'])
-  assert evaluate.eval_only(config, mode='sample') == 0
+      str(run_dir / 'ckpt'), '--run.steps', '3', '--run.eval_envs', '4',
+      '--run.eval_mode', 'sample'])
+  assert evaluate.eval_only(config) == 0
   records = read(out / 'eval_scores.jsonl')
   assert len(records) == 3 and {r['env'] for r in records} == {0, 1, 2}
   assert all(r['length'] == LENGTH and r['mode'] == 'sample'

@@ -15,8 +15,8 @@
   running its share to the end, so short episodes are not over-represented.
   `run.duration` (seconds, 0 = none) stops early; unfinished episodes are not
   reported.
-* Actions: the policy's mode (greedy) by default; `eval_only(config,
-  mode='sample')` samples instead, as the train actor does.
+* Actions: `run.eval_mode`: greedy (the policy's mode, the default) or
+  sample (as the train actor does).
   `random_agent: True` acts uniformly at random (a baseline for the same envs).
 * Envs: seeded as the parallel runtime's eval envs
   (`seed * 100000 + run.envs + i`).
@@ -38,8 +38,6 @@ from dreamer_ver.agent.checkpoint import CheckpointMismatch
 from dreamer_ver.envs import make_env
 from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.learner import Checkpoint
-
-MODES = ('greedy', 'sample', 'random')
 
 
 def checkpoint_dir(path):
@@ -63,12 +61,10 @@ def episode_shares(episodes, envs):
   return [episodes // envs + (i < episodes % envs) for i in range(envs)]
 
 
-def eval_only(config, mode=None):
+def eval_only(config):
   """Runs `run.steps` episodes with the checkpointed policy; returns 0, or 2
   when there is no usable checkpoint."""
-  mode = mode or ('random' if config.random_agent else 'greedy')
-  if mode not in MODES:
-    raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+  mode = 'random' if config.random_agent else config.run.eval_mode
   logdir = Path(config.logdir)
   source = Path(config.run.from_checkpoint or config.logdir).expanduser()
   ckpt = open_checkpoint(source)
