@@ -113,7 +113,7 @@ def test_task_presets():
   c = C.compose(['cartpole'])
   assert c.task == 'gym_CartPole-v1' and c.run.steps == 5e4
   assert c.run.envs == 4 and c.agent.rssm.deter == 256
-  assert c.agent.opt.lr == 3e-4 and c.run.train_ratio == 64
+  assert c.agent.opt.lr == 3e-4 and c.run.train_ratio == 128
   c = C.compose(['dmc_proprio'])
   assert c.task == 'dmc_walker_walk' and c.env.dmc.image is False
   assert c.env.dmc.proprio is True and c.run.train_ratio == 1024.0
