@@ -392,6 +392,15 @@ def load_config(argv, folder=None, check=True):
 # ---------------------------------------------------------------------------
 # Validation.
 
+# Keys that take one of a few names.
+CHOICES = {
+    'run.eval_mode': ('greedy', 'sample'),
+    'run.actor_cutoff': ('preempt', 'ver', 'fixed'),
+    'jax.platform': ('', 'cpu', 'cuda', 'gpu', 'tpu'),
+    'jax.compute_dtype': ('float32', 'bfloat16', 'float16'),
+}
+
+
 def validate(config):
   """Checks cross-key constraints; returns ``config`` or raises ConfigError.
 
@@ -416,6 +425,9 @@ def validate(config):
     need(c[key] > 0, f'{key} must be > 0 (got {c[key]})')
   need(c['run.actor_min_wait'] >= 0,
        f"run.actor_min_wait must be >= 0 (got {c['run.actor_min_wait']})")
+  for key, choices in CHOICES.items():
+    need(c[key] in choices, f"{key} must be one of "
+         f"{', '.join(repr(x) for x in choices)} (got {c[key]!r})")
 
   task = c['task']
   need(re.fullmatch(r'[A-Za-z0-9]+_.+', task) is not None,
@@ -438,15 +450,8 @@ def validate(config):
   need(0 <= c['replay.prio.maxfrac'] <= 1,
        f"replay.prio.maxfrac must be in [0, 1] (got {c['replay.prio.maxfrac']})")
 
-  need(c['run.eval_mode'] in ('greedy', 'sample'),
-       f"run.eval_mode must be 'greedy' or 'sample' "
-       f"(got '{c['run.eval_mode']}')")
-
   # Actor batching.
   envs, total = c['run.envs'], c['run.envs'] + c['run.eval_envs']
-  need(c['run.actor_cutoff'] in ('preempt', 'ver', 'fixed'),
-       f"run.actor_cutoff must be 'preempt', 'ver' or 'fixed' "
-       f"(got '{c['run.actor_cutoff']}')")
   batch = c['run.actor_batch']
   need(batch <= envs,
        f'run.actor_batch ({batch}) must be <= run.envs ({envs})')
@@ -483,12 +488,6 @@ def validate(config):
          f"{c['run.remote_envs']}, remote_replay {c['run.remote_replay']})")
 
   # JAX.
-  need(c['jax.platform'] in ('', 'cpu', 'cuda', 'gpu', 'tpu'),
-       f"jax.platform must be '', cpu, cuda, gpu or tpu "
-       f"(got '{c['jax.platform']}')")
-  need(c['jax.compute_dtype'] in ('float32', 'bfloat16', 'float16'),
-       f"jax.compute_dtype must be float32, bfloat16 or float16 "
-       f"(got '{c['jax.compute_dtype']}')")
   for key in ('jax.policy_devices', 'jax.train_devices'):
     need(len(c[key]) >= 1 and all(d >= 0 for d in c[key]),
          f'{key} must be device indices >= 0 (got {list(c[key])})')
