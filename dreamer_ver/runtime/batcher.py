@@ -2,10 +2,11 @@
 
 portal.BatchServer dispatches only when exactly N requests are queued, so
 stragglers hold back everyone and fewer live clients than N hang it. This
-server speaks portal's request/response framing on portal's own ServerSocket,
-so an unmodified `portal.Client` talks to it (errors arrive as RuntimeError,
-a closed server as Disconnected), but it keeps its own queue and asks a
-cutoff policy (`cutoff.py`) when the queue becomes a batch.
+server speaks portal's request/response framing on portal's own ServerSocket
+(hardened: `server_socket.py`), so an unmodified `portal.Client` talks to it
+(errors arrive as RuntimeError, a closed server as Disconnected), but it
+keeps its own queue and asks a cutoff policy (`cutoff.py`) when the queue
+becomes a batch.
 
   receive thread:   socket -> decode -> Request -> its lane's pending queue
   worker threads:   policy.decide(pending) -> handler(batch) -> replies
@@ -24,16 +25,14 @@ server keeps serving everyone else.
 
 import collections
 import dataclasses
-import socket as socketlib
 import threading
 import time
 import traceback
 
 import numpy as np
-import portal
-from portal import packlib
 
 from dreamer_ver.runtime.process import server_kwargs, split_addr
+from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
 
 # Recent samples kept for the percentiles between two stats() calls.
 _SAMPLES = 65536
@@ -118,7 +117,7 @@ class BatchServer:
     self.error = None  # Set if the socket or a loop failed; serving stops.
     _, port = split_addr(addr)
     kwargs = {**server_kwargs(addr), **socket_kwargs}
-    self.socket = _Socket(port, name, nodelay=nodelay, **kwargs)
+    self.socket = ServerSocket(port, name, nodelay=nodelay, **kwargs)
     self._cond = threading.Condition()
     self._lane_of = {}  # addr -> the _Lane serving that connection
     self._disconnects = 0  # socket.disconnects when the queue was last pruned
@@ -228,28 +227,17 @@ class BatchServer:
     """The call's Requests (one per env row); none after sending the caller
     an error."""
     arrival = time.monotonic()
-    if len(msg) < 16:
-      self._send_error(addr, bytes(msg[:8]).ljust(8, b'\0'), 1,
-                       'Message too short')
-      return []
-    reqnum = bytes(msg[:8])
     try:
-      size = int.from_bytes(msg[8:16], 'little')
-      if 16 + size > len(msg):
-        raise ValueError('method name exceeds message')
-      name = bytes(msg[16:16 + size]).decode('utf-8')
-      payload = msg[16 + size:]
-      _check_header(payload)
-      args = packlib.unpack(payload)
-    except Exception:
-      self._send_error(addr, reqnum, 2, 'Could not decode message')
+      reqnum, name, args = parse_call(msg)
+    except BadCall as e:
+      self.socket.send_error(addr, e.reqnum, e.status, str(e))
       return []
     if name != self.method:
-      self._send_error(addr, reqnum, 3, f'Unknown method {name}')
+      self.socket.send_error(addr, reqnum, 3, f'Unknown method {name}')
       return []
     problem = _check_args(args)
     if problem:
-      self._send_error(addr, reqnum, 4, (
+      self.socket.send_error(addr, reqnum, 4, (
           f'{self.method}() expects one argument, a dict of numpy arrays; '
           f'got {problem}'))
       return []
@@ -258,7 +246,7 @@ class BatchServer:
     if rows is None:
       return [Request(addr, reqnum, data, arrival, self._envid(addr, data))]
     if isinstance(rows, str):
-      self._send_error(addr, reqnum, 4, rows)
+      self.socket.send_error(addr, reqnum, 4, rows)
       return []
     rows = [{k: v[i] for k, v in data.items()} for i in range(rows)]
     group = Group([self._envid(addr, row) for row in rows])
@@ -374,38 +362,11 @@ class BatchServer:
   def _reply(self, request, reply):
     """Sends one reply; False if the caller got an error (or nothing)."""
     if isinstance(reply, BaseException):
-      self._send_error(request.addr, request.reqnum, 4,
-                       str(reply) or type(reply).__name__)
-      return False
-    try:
-      buffers = packlib.pack(packlib.tree_map(_contiguous, reply))
-    except Exception as e:
-      self._send_error(request.addr, request.reqnum, 4,
-                       f'Could not pack reply: {type(e).__name__}: {e}')
-      return False
-    return self._send(request.addr, request.reqnum, _status(0), *buffers)
+      return self.socket.send_error(request.addr, request.reqnum, 4,
+                               str(reply) or type(reply).__name__)
+    return self.socket.send_reply(request.addr, request.reqnum, reply)
 
   # ---------------------------------------------------------------- helpers
-
-  def _send_error(self, addr, reqnum, status, message):
-    self._send(addr, reqnum, _status(status), message.encode('utf-8'))
-
-  def _send(self, addr, *buffers):
-    for _ in range(3):
-      try:
-        self.socket.send(addr, *buffers)
-        return True
-      except RuntimeError as e:
-        # ServerSocket.send counts queued messages by iterating its
-        # connection table, which its own thread may resize meanwhile.
-        if 'changed size' in str(e):
-          continue
-        print(f'{self.name}: could not send reply ({e})')
-        return False
-      except Exception as e:
-        print(f'{self.name}: could not send reply ({type(e).__name__}: {e})')
-        return False
-    return False
 
   def _guard(self, loop, *args):
     """A crashed loop stops the server instead of hanging its clients."""
@@ -428,47 +389,6 @@ class _Lane:
     self.cutoff = cutoff
     self.pending = collections.deque()
     self.addrs = set()
-
-
-class _Socket(portal.ServerSocket):
-  """portal's ServerSocket, where a misbehaving peer only loses itself.
-
-  Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
-  assert on the socket thread and kills the socket for every client, and a
-  peer that closes mid-handshake makes the socket thread spin. Here both
-  just close that connection. Accepted connections get TCP_NODELAY, so small
-  replies are not held back by Nagle's algorithm.
-  """
-
-  def __init__(self, port, name, nodelay=True, **kwargs):
-    self.nodelay = nodelay  # Before super() starts the socket thread.
-    self.disconnects = 0  # Counts closed connections, for queue pruning.
-    super().__init__(port, name, **kwargs)
-
-  def _recv(self, conn):
-    if self.nodelay and not getattr(conn, 'nodelay', False):
-      conn.nodelay = True
-      try:
-        conn.sock.setsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY, 1)
-      except OSError:
-        pass
-    before = len(conn.handshake)
-    handshaking = before < len(self.handshake)
-    try:
-      super()._recv(conn)
-    except AssertionError as e:
-      self._drop(conn, ValueError(f'invalid frame length ({e})'))
-      return
-    if handshaking and len(conn.handshake) == before:
-      self._drop(conn, ConnectionResetError('closed during handshake'))
-
-  def _drop(self, conn, error):
-    if self.conns.get(conn.addr) is conn:
-      self._disconnect(conn, error)
-
-  def _disconnect(self, conn, error):
-    super()._disconnect(conn, error)
-    self.disconnects += 1
 
 
 class _Stats:
@@ -520,18 +440,6 @@ class _Stats:
     return stats
 
 
-def _status(code):
-  return code.to_bytes(8, 'little')
-
-
-def _check_header(payload):
-  """packlib.unpack trusts its buffer count; garbage could make it allocate
-  gigabytes, so check the count fits the payload first."""
-  count = int.from_bytes(bytes(payload[:8]), 'little')
-  if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
-    raise ValueError('bad packlib header')
-
-
 def _check_args(args):
   """None if `args` is [dict of numpy arrays], else what it was instead."""
   if not isinstance(args, list) or len(args) != 1:
@@ -544,9 +452,3 @@ def _check_args(args):
     if not isinstance(value, np.ndarray) or value.dtype == object:
       return f'{type(value).__name__} under key {key!r}'
   return None
-
-
-def _contiguous(value):
-  if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
-    return np.ascontiguousarray(value)
-  return value

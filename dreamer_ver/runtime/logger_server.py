@@ -23,8 +23,9 @@
 ``scores.jsonl``), ``tensorboard`` (needs TensorFlow; disabled with a message
 when it is missing).
 
-``serve_logger(config)`` is the process: both methods share one portal worker,
-so they run one at a time, and the main loop writes and saves on its clocks.
+``serve_logger(config)`` is the process: both methods share one server worker
+(`rpc_server.py`), so they run one at a time, and the main loop writes and
+saves on its clocks.
 
 Lengths exclude the reset step (the first row of an episode holds the reset
 observation, not a step taken by the policy); scores include its reward (as
@@ -45,7 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.runtime.process import StopSignal, server_kwargs, split_addr
+from dreamer_ver.runtime.process import StopSignal, server_kwargs
+from dreamer_ver.runtime.rpc_server import Server
 
 REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
 
@@ -324,19 +326,15 @@ class LoggerService:
 
 def serve_logger(config, stop=None):
   """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
-  import portal
-
   stop = stop if stop is not None else StopSignal()
   service = LoggerService(config)
   if service.load():
     print(f'[logger] resumed at step {service.step}', flush=True)
   addr = config.run.logger_addr
-  _, port = split_addr(addr)
-  server = portal.Server(
-      port, 'Logger', workers=1, errors=False, **server_kwargs(addr, config))
+  server = Server(addr, 'Logger', workers=1, **server_kwargs(addr, config))
   server.bind('add', service.add)  # Both on the shared single worker.
   server.bind('tran', service.tran)
-  server.start(block=False)
+  server.start()
   save_every, log_every = config.run.save_every, config.run.log_every
   last_save = last_log = time.monotonic()
   last_activity = service.activity

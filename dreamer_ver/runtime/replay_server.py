@@ -12,8 +12,9 @@
 * every wait gives up when the service is closing, so a stop never hangs on a
   blocked caller.
 
-``serve_replay(config)`` is the process: it exposes the service over portal
-(one worker per method, so a blocked ``add_batch`` never blocks sampling),
+``serve_replay(config)`` is the process: it exposes the service over portal's
+protocol (``rpc_server.py``; one worker per method, so a blocked
+``add_batch`` never blocks sampling),
 saves periodically and sends stats to the logger without ever waiting on it.
 
 What is stored: every column of the transition batch except ``envid`` and
@@ -40,7 +41,8 @@ from dreamer_ver.replay import (
     Unlimited)
 from dreamer_ver.runtime.client import Client
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, server_kwargs, split_addr)
+    StopSignal, client_kwargs, server_kwargs)
+from dreamer_ver.runtime.rpc_server import Server
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
@@ -373,8 +375,6 @@ def make_limiter(config):
 
 def serve_replay(config, stop=None):
   """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), save, exit 0."""
-  import portal
-
   stop = stop if stop is not None else StopSignal()
   service = ReplayService(config)
   loaded = service.load()
@@ -382,12 +382,11 @@ def serve_replay(config, stop=None):
       f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '
       f'eval sequences from {service.logdir}', flush=True)
   addr = config.run.replay_addr
-  _, port = split_addr(addr)
-  server = portal.Server(
-      port, 'Replay', errors=False, **server_kwargs(addr, config))
+  server = Server(addr, 'Replay', quiet=(Closing,),
+                  **server_kwargs(addr, config))
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
-  server.start(block=False)
+  server.start()
   logger = Client(config.run.logger_addr, 'ReplayLogger', maxinflight=1,
                   when_full='drop', **client_kwargs(config))
   save_every, log_every = config.run.save_every, config.run.log_every

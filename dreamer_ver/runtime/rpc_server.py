@@ -1,0 +1,169 @@
+"""An RPC server for portal's clients whose threads sleep while no call comes.
+
+portal.Server's loop polls its socket and its running jobs every 0.1 ms, so
+even an idle replay or logger server keeps about a seventh of a core busy:
+on a 2-core machine, CPU the learner needs. This server serves the same
+calls -- `bind(name, fn, workers)`, portal's framing, an error to the one
+caller whose call failed -- with a receive thread blocked on the socket and
+worker threads blocked on their queues.
+
+Each bound method runs on a pool: its own of `workers` threads, or the
+server's shared pool. A pool starts calls in arrival order, so a one-thread
+pool serves its methods one call at a time, in order (the replay's
+`add_batch` sees each env's steps in order; the logger's `add` and `tran`
+never overlap).
+"""
+
+import collections
+import functools
+import queue
+import threading
+import time
+import traceback
+
+from dreamer_ver.runtime.process import server_kwargs, split_addr
+from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
+
+
+class Server:
+  """`quiet`: exception types a method may raise as part of its contract
+  (e.g. the replay's Closing at shutdown): the caller gets them like any
+  error, without a log line here."""
+
+  def __init__(self, addr, name, workers=1, quiet=(), **socket_kwargs):
+    self.name = name
+    self.quiet = tuple(quiet)
+    _, port = split_addr(addr)
+    kwargs = {**server_kwargs(addr), **socket_kwargs}
+    self.socket = ServerSocket(port, name, **kwargs)
+    self.shared = _Pool(f'{name}Worker', workers)
+    self.methods = {}  # name -> (function, pool)
+    self._counts = collections.Counter()
+    self._lock = threading.Lock()
+    self._running = False
+    self._closed = False
+    self._receiver = threading.Thread(
+        target=self._receive, name=f'{name}Recv', daemon=True)
+
+  def bind(self, method, function, workers=None):
+    """Serves `method` with `function`, on a pool of its own with `workers`
+    threads, or on the shared pool."""
+    assert not self._running, 'bind before start'
+    pool = self.shared if workers is None else _Pool(
+        f'{self.name}{method}', workers)
+    self.methods[method] = (function, pool)
+
+  def start(self):
+    self._running = True
+    for pool in self._pools():
+      pool.start()
+    self._receiver.start()
+    return self
+
+  def close(self, timeout=5.0):
+    """Stops reading calls, lets the accepted ones run and reply (for up to
+    `timeout` seconds), then closes the socket."""
+    if self._closed:
+      return
+    self._closed = True
+    deadline = time.monotonic() + timeout
+    remaining = lambda: max(0.0, deadline - time.monotonic())
+    started, self._running = self._running, False
+    self.socket.shutdown()
+    if started:
+      self._receiver.join(remaining())
+      for pool in self._pools():
+        pool.close(deadline)
+    self.socket.close(remaining())
+
+  def stats(self):
+    """Calls received, replies and errors sent since the last call; calls
+    accepted but not finished."""
+    with self._lock:
+      counts, self._counts = self._counts, collections.Counter()
+    return {
+        'requests': counts['requests'], 'replies': counts['replies'],
+        'errors': counts['errors'],
+        'pending': sum(pool.pending for pool in self._pools())}
+
+  def _pools(self):
+    pools = {id(pool): pool for _, pool in self.methods.values()}
+    pools[id(self.shared)] = self.shared
+    return list(pools.values())
+
+  def _receive(self):
+    while self._running:
+      try:
+        addr, msg = self.socket.recv(timeout=0.2)
+      except TimeoutError:
+        continue
+      self._count('requests')
+      try:
+        reqnum, method, args = parse_call(msg)
+        if method not in self.methods:
+          raise BadCall(reqnum, 3, f'Unknown method {method}')
+      except BadCall as e:
+        self._count('errors')
+        self.socket.send_error(addr, e.reqnum, e.status, str(e))
+        continue
+      function, pool = self.methods[method]
+      pool.submit(functools.partial(
+          self._call, method, function, addr, reqnum, args))
+
+  def _call(self, method, function, addr, reqnum, args):
+    try:
+      result = function(*args)
+    except Exception as e:
+      message = f'{method}: {type(e).__name__}: {e}'
+      if not isinstance(e, self.quiet):
+        print(f'[{self.name}] {message}', flush=True)
+      self._count('errors')
+      self.socket.send_error(addr, reqnum, 4, message)
+      return
+    self._count('replies' if self.socket.send_reply(addr, reqnum, result)
+                else 'errors')
+
+  def _count(self, key):
+    with self._lock:
+      self._counts[key] += 1
+
+
+class _Pool:
+  """Threads that run submitted calls, started in arrival order."""
+
+  def __init__(self, name, workers):
+    if workers < 1:
+      raise ValueError(f'workers must be >= 1, got {workers}')
+    self.queue = queue.SimpleQueue()
+    self.threads = [
+        threading.Thread(target=self._work, name=f'{name}{i}', daemon=True)
+        for i in range(workers)]
+    self.pending = 0  # Submitted and not finished.
+    self._lock = threading.Lock()
+
+  def start(self):
+    for thread in self.threads:
+      thread.start()
+
+  def submit(self, job):
+    with self._lock:
+      self.pending += 1
+    self.queue.put(job)
+
+  def close(self, deadline):
+    """Runs the calls already submitted, then stops (waits until
+    `deadline`, a time.monotonic() value)."""
+    for _ in self.threads:
+      self.queue.put(None)
+    for thread in self.threads:
+      thread.join(max(0.0, deadline - time.monotonic()))
+
+  def _work(self):
+    while (job := self.queue.get()) is not None:
+      try:
+        job()
+      except Exception:  # A failed reply must not end the pool.
+        traceback.print_exc()
+      finally:
+        with self._lock:
+          self.pending -= 1

@@ -1,0 +1,136 @@
+"""The server side of portal's wire protocol, on a hardened portal socket.
+
+Both of the project's servers read calls and send replies through this: the
+batch server (`batcher.py`, the actor) and the RPC server (`rpc_server.py`,
+replay and logger). A call is (8-byte request number, 8-byte method-name
+length, method name, portal's packed args); a reply is (request number,
+8-byte status, packed result or, for status != 0, an error message):
+
+  status 1  message too short      status 3  unknown method
+  status 2  could not decode it    status 4  bad argument or method error
+"""
+
+import socket as socketlib
+
+import numpy as np
+import portal
+from portal import packlib
+
+
+class BadCall(Exception):
+  """A call that cannot be served; its caller gets `status` and the message."""
+
+  def __init__(self, reqnum, status, message):
+    super().__init__(message)
+    self.reqnum = reqnum
+    self.status = status
+
+
+def parse_call(msg):
+  """(request number, method name, args list) of one received call, or
+  BadCall (status 1 or 2)."""
+  if len(msg) < 16:
+    raise BadCall(bytes(msg[:8]).ljust(8, b'\0'), 1, 'Message too short')
+  reqnum = bytes(msg[:8])
+  try:
+    size = int.from_bytes(msg[8:16], 'little')
+    if 16 + size > len(msg):
+      raise ValueError('method name exceeds message')
+    name = bytes(msg[16:16 + size]).decode('utf-8')
+    payload = msg[16 + size:]
+    _check_header(payload)
+    args = packlib.unpack(payload)
+  except Exception:
+    raise BadCall(reqnum, 2, 'Could not decode message') from None
+  return reqnum, name, args
+
+
+class ServerSocket(portal.ServerSocket):
+  """portal's ServerSocket, where a misbehaving peer only loses itself.
+
+  Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
+  assert on the socket thread and kills the socket for every client, and a
+  peer that closes mid-handshake makes the socket thread spin. Here both
+  just close that connection. Accepted connections get TCP_NODELAY, so small
+  replies are not held back by Nagle's algorithm.
+  """
+
+  def __init__(self, port, name, nodelay=True, **kwargs):
+    self.nodelay = nodelay  # Before super() starts the socket thread.
+    self.disconnects = 0  # Counts closed connections, for queue pruning.
+    super().__init__(port, name, **kwargs)
+
+  def send_reply(self, addr, reqnum, value):
+    """Sends a method's result; False if the caller got an error instead
+    (the result could not be packed) or nothing (it is gone)."""
+    try:
+      buffers = packlib.pack(packlib.tree_map(_contiguous, value))
+    except Exception as e:
+      return self.send_error(addr, reqnum, 4,
+                        f'Could not pack reply: {type(e).__name__}: {e}')
+    return self._send(addr, reqnum, _status(0), *buffers)
+
+  def send_error(self, addr, reqnum, status, message):
+    """Sends an error reply. Returns False (the call was not served)."""
+    self._send(addr, reqnum, _status(status), message.encode('utf-8'))
+    return False
+
+  def _send(self, addr, *buffers):
+    for _ in range(3):
+      try:
+        self.send(addr, *buffers)
+        return True
+      except RuntimeError as e:
+        # ServerSocket.send counts queued messages by iterating its
+        # connection table, which its own thread may resize meanwhile.
+        if 'changed size' in str(e):
+          continue
+        print(f'{self.name}: could not send reply ({e})')
+        return False
+      except Exception as e:
+        print(f'{self.name}: could not send reply ({type(e).__name__}: {e})')
+        return False
+    return False
+
+  def _recv(self, conn):
+    if self.nodelay and not getattr(conn, 'nodelay', False):
+      conn.nodelay = True
+      try:
+        conn.sock.setsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY, 1)
+      except OSError:
+        pass
+    before = len(conn.handshake)
+    handshaking = before < len(self.handshake)
+    try:
+      super()._recv(conn)
+    except AssertionError as e:
+      self._drop(conn, ValueError(f'invalid frame length ({e})'))
+      return
+    if handshaking and len(conn.handshake) == before:
+      self._drop(conn, ConnectionResetError('closed during handshake'))
+
+  def _drop(self, conn, error):
+    if self.conns.get(conn.addr) is conn:
+      self._disconnect(conn, error)
+
+  def _disconnect(self, conn, error):
+    super()._disconnect(conn, error)
+    self.disconnects += 1
+
+
+def _status(code):
+  return code.to_bytes(8, 'little')
+
+
+def _check_header(payload):
+  """packlib.unpack trusts its buffer count; garbage could make it allocate
+  gigabytes, so check the count fits the payload first."""
+  count = int.from_bytes(bytes(payload[:8]), 'little')
+  if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
+    raise ValueError('bad packlib header')
+
+
+def _contiguous(value):
+  if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
+    return np.ascontiguousarray(value)
+  return value

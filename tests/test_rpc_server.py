@@ -1,0 +1,128 @@
+"""The RPC server (runtime/rpc_server.py) with unmodified portal clients and
+our own: results by value, errors to the one caller that caused them, call
+order per pool, pools that do not block each other, and a close that lets
+accepted calls reply."""
+
+import contextlib
+import socket
+import threading
+import time
+
+import numpy as np
+import portal
+import pytest
+
+from dreamer_ver.runtime.client import Client
+from dreamer_ver.runtime.process import free_port
+from dreamer_ver.runtime.rpc_server import Server
+
+
+@contextlib.contextmanager
+def _serving(methods, workers=None, **kwargs):
+  """A started server with `methods` ({name: function}, each on its own
+  pool of `workers` threads, or all on the shared one) and a client of it;
+  yields (server, client, port) and closes both."""
+  port = free_port()
+  server = Server(f'127.0.0.1:{port}', 'Test', logging=False, **kwargs)
+  for name, function in methods.items():
+    server.bind(name, function, workers)
+  server.start()
+  client = Client(f'127.0.0.1:{port}', 'Ours', maxinflight=64)
+  try:
+    yield server, client, port
+  finally:
+    client.close(timeout=2)
+    server.close()
+
+
+def test_results_by_value_and_errors_to_their_caller_only():
+
+  def add(x, y):
+    if x < 0:
+      raise ValueError(f'negative x={x}')
+    return {'sum': np.asarray(x + y)}
+
+  methods = {'add': add, 'lookup': lambda key: {'x': 1}[key]}
+  with _serving(methods, quiet=(KeyError,)) as (server, ours, port):
+    theirs = portal.Client(f'127.0.0.1:{port}', 'Theirs', logging=False)
+    try:
+      futures = [ours.add(i, np.arange(3)) for i in range(20)]
+      bad = theirs.add(-1, 0)
+      good = theirs.add(5, np.ones(2))
+      for i, future in enumerate(futures):
+        np.testing.assert_array_equal(
+            future.result(timeout=10)['sum'], i + np.arange(3))
+      with pytest.raises(RuntimeError, match='add: ValueError: negative x=-1'):
+        bad.result(timeout=10)
+      np.testing.assert_array_equal(good.result(timeout=10)['sum'], [6, 6])
+      with pytest.raises(RuntimeError, match="KeyError: 'y'"):
+        ours.lookup('y').result(timeout=10)
+      assert ours.lookup('x').result(timeout=10) == 1
+    finally:
+      theirs.close()
+    stats = server.stats()
+    assert (stats['requests'], stats['replies'], stats['errors']) == (24, 22, 2)
+    assert server.stats()['requests'] == 0  # Counts reset on each read.
+
+
+def test_bad_frames_get_errors_and_the_server_keeps_serving():
+  with _serving({'echo': lambda x: x}) as (_, client, port):
+    with pytest.raises(RuntimeError, match='Unknown method nope'):
+      client.nope(1).result(timeout=10)
+    # A frame: 8-byte length, then request number 7, a 4-byte method name
+    # and a payload that is not portal's packing.
+    body = (7).to_bytes(8, 'little') + (4).to_bytes(8, 'little') + b'echo'
+    body += b'\xff' * 8
+    with socket.create_connection(('127.0.0.1', port), timeout=5) as raw:
+      raw.sendall(b'portal_handshake')
+      raw.sendall(len(body).to_bytes(8, 'little') + body)
+      reply = b''
+      while len(reply) < 8 or len(reply) < 8 + int.from_bytes(
+          reply[:8], 'little'):
+        reply += raw.recv(1024)
+    assert int.from_bytes(reply[8:16], 'little') == 7
+    assert int.from_bytes(reply[16:24], 'little') == 2  # Could not decode.
+    assert reply[24:] == b'Could not decode message'
+    np.testing.assert_array_equal(
+        client.echo(np.arange(4)).result(timeout=10), np.arange(4))
+
+
+def test_a_pool_serves_in_order_and_pools_do_not_block_each_other():
+  gate, order = threading.Event(), []
+
+  def blocked(x):
+    gate.wait(10)
+    return x
+
+  def append(x):
+    order.append(int(x))
+    return len(order)
+
+  methods = {'blocked': blocked, 'append': append}
+  with _serving(methods, workers=1) as (_, client, _):
+    try:
+      waiting = client.blocked(42)
+      counts = [client.append(i) for i in range(40)]
+      # The blocked call holds its own pool only: appends go on, in order.
+      assert [f.result(timeout=10) for f in counts] == list(range(1, 41))
+      assert order == list(range(40))
+      assert not waiting.done()
+      gate.set()
+      assert waiting.result(timeout=10) == 42
+    finally:
+      gate.set()
+
+
+def test_close_lets_accepted_calls_reply():
+  started = threading.Event()
+
+  def slow(x):
+    started.set()
+    time.sleep(0.5)
+    return x + 1
+
+  with _serving({'slow': slow}) as (server, client, _):
+    future = client.slow(1)
+    assert started.wait(10)
+    server.close(timeout=5)
+    assert future.result(timeout=10) == 2
