@@ -31,7 +31,6 @@ import traceback
 
 import numpy as np
 
-from dreamer_ver.runtime.process import server_kwargs, split_addr
 from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
 
 # Recent samples kept for the percentiles between two stats() calls.
@@ -115,9 +114,7 @@ class BatchServer:
     self.envid_key = envid_key
     self.name = name
     self.error = None  # Set if the socket or a loop failed; serving stops.
-    _, port = split_addr(addr)
-    kwargs = {**server_kwargs(addr), **socket_kwargs}
-    self.socket = ServerSocket(port, name, nodelay=nodelay, **kwargs)
+    self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
     self._cond = threading.Condition()
     self._lane_of = {}  # addr -> the _Lane serving that connection
     self._disconnects = 0  # socket.disconnects when the queue was last pruned
@@ -362,8 +359,8 @@ class BatchServer:
   def _reply(self, request, reply):
     """Sends one reply; False if the caller got an error (or nothing)."""
     if isinstance(reply, BaseException):
-      return self.socket.send_error(request.addr, request.reqnum, 4,
-                               str(reply) or type(reply).__name__)
+      return self.socket.send_error(
+          request.addr, request.reqnum, 4, str(reply) or type(reply).__name__)
     return self.socket.send_reply(request.addr, request.reqnum, reply)
 
   # ---------------------------------------------------------------- helpers

@@ -21,7 +21,6 @@ import threading
 import time
 import traceback
 
-from dreamer_ver.runtime.process import server_kwargs, split_addr
 from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
 
 
@@ -33,10 +32,9 @@ class Server:
   def __init__(self, addr, name, workers=1, quiet=(), **socket_kwargs):
     self.name = name
     self.quiet = tuple(quiet)
-    _, port = split_addr(addr)
-    kwargs = {**server_kwargs(addr), **socket_kwargs}
-    self.socket = ServerSocket(port, name, **kwargs)
+    self.socket = ServerSocket(addr, name, **socket_kwargs)
     self.shared = _Pool(f'{name}Worker', workers)
+    self.pools = [self.shared]
     self.methods = {}  # name -> (function, pool)
     self._counts = collections.Counter()
     self._lock = threading.Lock()
@@ -49,13 +47,15 @@ class Server:
     """Serves `method` with `function`, on a pool of its own with `workers`
     threads, or on the shared pool."""
     assert not self._running, 'bind before start'
-    pool = self.shared if workers is None else _Pool(
-        f'{self.name}{method}', workers)
+    pool = self.shared
+    if workers is not None:
+      pool = _Pool(f'{self.name}{method}', workers)
+      self.pools.append(pool)
     self.methods[method] = (function, pool)
 
   def start(self):
     self._running = True
-    for pool in self._pools():
+    for pool in self.pools:
       pool.start()
     self._receiver.start()
     return self
@@ -72,7 +72,7 @@ class Server:
     self.socket.shutdown()
     if started:
       self._receiver.join(remaining())
-      for pool in self._pools():
+      for pool in self.pools:
         pool.close(deadline)
     self.socket.close(remaining())
 
@@ -84,12 +84,7 @@ class Server:
     return {
         'requests': counts['requests'], 'replies': counts['replies'],
         'errors': counts['errors'],
-        'pending': sum(pool.pending for pool in self._pools())}
-
-  def _pools(self):
-    pools = {id(pool): pool for _, pool in self.methods.values()}
-    pools[id(self.shared)] = self.shared
-    return list(pools.values())
+        'pending': sum(pool.pending for pool in self.pools)}
 
   def _receive(self):
     while self._running:

@@ -16,6 +16,8 @@ import numpy as np
 import portal
 from portal import packlib
 
+from dreamer_ver.runtime.process import server_kwargs, split_addr
+
 
 class BadCall(Exception):
   """A call that cannot be served; its caller gets `status` and the message."""
@@ -55,10 +57,13 @@ class ServerSocket(portal.ServerSocket):
   replies are not held back by Nagle's algorithm.
   """
 
-  def __init__(self, port, name, nodelay=True, **kwargs):
+  def __init__(self, addr, name, nodelay=True, **kwargs):
+    """Listens on the port of `addr` ('host:port'), on the interface its
+    host names unless `kwargs` say otherwise (`process.server_kwargs`)."""
     self.nodelay = nodelay  # Before super() starts the socket thread.
     self.disconnects = 0  # Counts closed connections, for queue pruning.
-    super().__init__(port, name, **kwargs)
+    _, port = split_addr(addr)
+    super().__init__(port, name, **{**server_kwargs(addr), **kwargs})
 
   def send_reply(self, addr, reqnum, value):
     """Sends a method's result; False if the caller got an error instead
