@@ -6,9 +6,9 @@ it serves the fleet with
 
   baseline  portal.BatchServer with a fixed batch of E/2 (DreamerV3's actor:
             the batcher in its own process, one worker thread)
-  fixed     our BatchServer, cutoff.Fixed(E/2)
-  ver       our BatchServer, cutoff.VER (min/max/adaptive wait)
-  preempt   our BatchServer, cutoff.Preempt (throughput-optimal)
+  fixed     our BatchServer, preemption.Fixed(E/2)
+  ver       our BatchServer, preemption.VER (min/max/adaptive wait)
+  preempt   our BatchServer, preemption.Preempt (throughput-optimal)
 
 all four calling the same jitted RSSM policy (`Actor.step`, size1m by
 default), with the learner, replay and limiter off. The policy is compiled
@@ -275,7 +275,7 @@ class Fleet:
   def revive(self):
     """Restarts the env processes that died: the faults fleet kills some,
     and an env worker that reconnects while a server closes can crash
-    (ConnectionResetError in EnvClient.connect's handshake)."""
+    (ConnectionResetError in BlockingClient.connect's handshake)."""
     revived = 0
     for index, proc in list(self.procs.items()):
       if not proc.is_alive():
@@ -415,21 +415,21 @@ class Ours:
 
   def __init__(self, addr, actor, config, envs, inference, counter, mode):
     from dreamer_ver import config as configlib
-    from dreamer_ver.runtime import cutoff as cutofflib
-    from dreamer_ver.runtime.batcher import BatchServer
+    from dreamer_ver.actor import preemption
+    from dreamer_ver.rpc.batch_server import BatchServer
     from dreamer_ver.runtime.process import server_kwargs
     run = configlib.override(config, {'run.actor_cutoff': mode}).run
-    self.cutoff = cutofflib.make_cutoff(run, envs, actor.buckets, inference)
+    self.cutoff = preemption.make_cutoff(run, envs, actor.buckets, inference)
 
     def handler(requests):
       start = time.perf_counter()
-      replies = actor.handle(requests)
+      replies, context = actor.handle(requests)
       served = [r.envid for r, reply in zip(requests, replies)
                 if not isinstance(reply, BaseException)]
       counter.add(served, time.perf_counter() - start)
-      return replies
+      return replies, context
 
-    kwargs = {**server_kwargs(addr, config), 'logging': False}
+    kwargs = {**server_kwargs(config), 'logging': False}
     if hasattr(actor, 'max_request_bytes'):
       kwargs['max_msg_size'] = actor.max_request_bytes()
     self.server = _retry_bind(lambda: BatchServer(
@@ -590,16 +590,16 @@ def make_actor(config, extra):
   """Agent, params and a compiled Actor for the config's task."""
   from dreamer_ver.agent.agent import Agent, policy_params
   from dreamer_ver.envs import make_env
-  from dreamer_ver.runtime.actor import Actor
-  from dreamer_ver.runtime.parallel import _buckets
-  from dreamer_ver.runtime.params import ParamsStore
+  from dreamer_ver.actor.actor import Actor
+  from dreamer_ver.actor.preemption import bucket_sizes
+  from dreamer_ver.actor.params import ParamsStore
   env = make_env(config.task, _with_extra(config.env, extra))
   agent = Agent(env.obs_space, env.act_space, config)
   env.close()
   store = ParamsStore(policy_params(agent.init_params(config.seed)))
   envs = config.run.envs
   actor = Actor(agent, store, slots=envs,
-                buckets=_buckets(config.run, envs), seed=config.seed)
+                buckets=bucket_sizes(config.run, envs), seed=config.seed)
   start = time.monotonic()
   actor.compile()
   # compile()'s single timing per bucket is noisy; re-measure so Preempt
@@ -913,7 +913,7 @@ def main(argv=None):
         f'{args.size}, '
         f'{os.cpu_count()} CPU cores', flush=True)
   import portal
-  from dreamer_ver.runtime.process import free_port
+  from dreamer_ver.rpc.addresses import free_port
   portal.setup(host='127.0.0.1')  # the baseline binds loopback only
   # The baseline's batcher process dies with this process, even on SIGKILL.
   portal.initfn(_die_with_parent, call_now=False)

@@ -27,7 +27,7 @@ import numpy as np
 def serve(kind, port, ready):
   import portal
 
-  from dreamer_ver.runtime.rpc_server import Server
+  from dreamer_ver.rpc.server import Server
 
   if kind == 'portal':
     server = portal.Server(port, 'Portal', host='127.0.0.1', errors=False,
@@ -46,8 +46,8 @@ def serve(kind, port, ready):
 
 def measure(kind, seconds, rate):
   """{phase: cores used} for one server process."""
-  from dreamer_ver.runtime.client import Client
-  from dreamer_ver.runtime.process import free_port
+  from dreamer_ver.rpc.client import Client
+  from dreamer_ver.rpc.addresses import free_port
 
   port = free_port()
   context = multiprocessing.get_context('spawn')

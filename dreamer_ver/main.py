@@ -21,16 +21,16 @@ import sys
 # Script name -> 'module:function'. Modules are imported only when their
 # script runs, so a script's heavy imports (JAX, env suites) never slow down
 # or break the others. Register a script here once its module exists, e.g.
-#   'parallel': 'dreamer_ver.runtime.parallel:combined',
+#   'parallel': 'dreamer_ver.scripts.parallel:combined',
 SCRIPTS = {
-    'train': 'dreamer_ver.runtime.train:train',
-    'parallel': 'dreamer_ver.runtime.parallel:parallel',
-    'parallel_env': 'dreamer_ver.runtime.parallel:parallel_env',
-    'parallel_envs': 'dreamer_ver.runtime.parallel:parallel_envs',
-    'parallel_replay': 'dreamer_ver.runtime.parallel:parallel_replay',
-    'parallel_logger': 'dreamer_ver.runtime.parallel:parallel_logger',
-    'parallel_agent': 'dreamer_ver.runtime.parallel:parallel_agent',
-    'eval_only': 'dreamer_ver.runtime.evaluate:eval_only',
+    'train': 'dreamer_ver.scripts.train:train',
+    'parallel': 'dreamer_ver.scripts.parallel:parallel',
+    'parallel_env': 'dreamer_ver.scripts.parallel:parallel_env',
+    'parallel_envs': 'dreamer_ver.scripts.parallel:parallel_envs',
+    'parallel_replay': 'dreamer_ver.scripts.parallel:parallel_replay',
+    'parallel_logger': 'dreamer_ver.scripts.parallel:parallel_logger',
+    'parallel_agent': 'dreamer_ver.scripts.parallel:parallel_agent',
+    'eval_only': 'dreamer_ver.scripts.eval_only:eval_only',
 }
 
 # Scripts that run only env processes: they neither create the logdir nor

@@ -13,12 +13,12 @@ import pytest
 
 from dreamer_ver import config as configlib
 from dreamer_ver.envs import make_env
-from dreamer_ver.runtime import cutoff
-from dreamer_ver.runtime.actor import Actor
-from dreamer_ver.runtime.batcher import BatchServer, Request
+from dreamer_ver.actor import preemption
+from dreamer_ver.actor.actor import Actor
+from dreamer_ver.rpc.batch_server import BatchServer, Request
 from dreamer_ver.runtime.env_worker import run_envs
-from dreamer_ver.runtime.params import ParamsStore
-from dreamer_ver.runtime.process import free_port
+from dreamer_ver.actor.params import ParamsStore
+from dreamer_ver.rpc.addresses import free_port
 
 
 class CounterAgent:
@@ -35,7 +35,7 @@ class CounterAgent:
   def init_carry(self, batch):
     return {'count': jnp.zeros((batch,), jnp.int32)}
 
-  def _policy(self, params, carry, obs, key, mode):
+  def policy_step(self, params, carry, obs, key, mode):
     count = jnp.where(obs['is_first'], 0, carry['count'] + 1)
     acts = {'action': (count % 2).astype(jnp.int32)}
     return {'count': count}, acts, {'carry_count': count.astype(jnp.float32)}
@@ -62,14 +62,18 @@ def _fleet_config(port, envs):
       'env.synthetic.length': 25})
 
 
-@pytest.mark.parametrize('per_worker,lanes', [(1, 1), (3, 1), (1, 2), (3, 2)])
-def test_carries_follow_their_env_across_varying_batches(per_worker, lanes):
+@pytest.mark.parametrize('per_worker,lanes,cutoff', [
+    (1, 1, 'preempt'), (3, 1, 'ver'), (1, 2, 'ver'), (3, 2, 'preempt')])
+def test_carries_follow_their_env_across_varying_batches(
+    per_worker, lanes, cutoff):
   """Also with several envs per worker process, whose requests carry one
-  row per env and are split into rows for the batcher (double buffered),
-  and with several lanes (policy devices; here two on the one CPU device),
-  each with its own carry table and cutoff."""
+  row per env and are split into rows for the batch server (double
+  buffered), and with several lanes (policy devices; here two on the one
+  CPU device), each with its own carry table and cutoff; under both
+  production cutoffs."""
   envs, port = 6, free_port()
-  config = _fleet_config(port, envs)
+  config = configlib.override(
+      _fleet_config(port, envs), {'run.actor_cutoff': cutoff})
   env = make_env(config.task, config.env)
   agent = CounterAgent(env.obs_space)
   params = {'enc': {}, 'dyn': {}, 'pol': {}}
@@ -86,7 +90,8 @@ def test_carries_follow_their_env_across_varying_batches(per_worker, lanes):
 
   server = BatchServer(
       f'127.0.0.1:{port}', handle,
-      [cutoff.MinMaxTimeout(3 // lanes, envs, 0.004) for _ in range(lanes)],
+      [preemption.make_cutoff(config.run, envs, actor.buckets, lanes=lanes)
+       for _ in range(lanes)],
       postfn=actor.post, name='TestActor')
   server.start()
   ctx = multiprocessing.get_context('spawn')
@@ -143,7 +148,8 @@ def test_bad_requests_get_clear_errors_and_others_keep_going():
                 slots=4, buckets=[1, 2, 4], replay=recorder)
   actor.compile()
   server = BatchServer(f'127.0.0.1:{port}', actor.handle,
-                       cutoff.MinMaxTimeout(1, 4, 0.002), postfn=actor.post)
+                       preemption.make_cutoff(config.run, 2, actor.buckets),
+                       postfn=actor.post)
   server.start()
   client = portal.Client(f'127.0.0.1:{port}', 'Bad', logging=False)
   good = portal.Client(f'127.0.0.1:{port}', 'Good', logging=False)
@@ -205,9 +211,9 @@ def test_rows_the_logger_missed_are_reported_with_the_next_rows():
     requests = [Request(('test', 0), bytes(8), {
         **obs, 'envid': np.int64(e), 'is_eval': np.bool_(False)}, 0.0, e)
         for e in envids]
-    actor.post(requests, actor.handle(requests))
+    actor.post(requests, actor.handle(requests)[1])
   missed = [dict(zip(c['envid'].tolist(), c['missed'].tolist()))
             for c in logger.calls]
   # Call 1 (env 0) and call 2 (envs 0, 1, env 0 already owing 1) failed.
   assert missed == [{0: 0, 1: 0}, {0: 0}, {0: 1, 1: 0}, {1: 1}, {0: 2, 1: 0}]
-  assert actor.post_errors == 2
+  assert actor.shipper.errors == 2

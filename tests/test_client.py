@@ -12,8 +12,8 @@ import portal
 import pytest
 from portal.client_socket import Disconnected
 
-from dreamer_ver.runtime.client import Client, Dropped
-from dreamer_ver.runtime.process import free_port
+from dreamer_ver.rpc.client import Client, Dropped
+from dreamer_ver.rpc.addresses import free_port
 
 
 def _server(port, calls=None, gate=None):

@@ -20,8 +20,8 @@ SCRIPT = textwrap.dedent('''
     from dreamer_ver.agent.agent import Agent, policy_params
     from dreamer_ver.envs import make_env
     from dreamer_ver.runtime import devices
-    from dreamer_ver.runtime.actor import Actor
-    from dreamer_ver.runtime.params import ParamsStore
+    from dreamer_ver.actor.actor import Actor
+    from dreamer_ver.actor.params import ParamsStore
 
     config = configlib.compose(['debug'], {
         'task': 'synthetic_bandit',

@@ -247,7 +247,7 @@ def _component(logdir, script, flags, log):
 
 def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
     tmp_path):
-  from dreamer_ver.runtime.process import free_port
+  from dreamer_ver.rpc.addresses import free_port
   logdir = tmp_path / 'run'
   # Ends by SIGTERM, not by its step count (see the logger test).
   flags = [*FLAGS, '--run.steps', str(10 ** 6),

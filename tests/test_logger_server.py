@@ -10,7 +10,8 @@ import pytest
 
 from dreamer_ver.config import compose
 from dreamer_ver.runtime.logger_server import LoggerService, serve_logger
-from dreamer_ver.runtime.process import StopSignal, free_port
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.runtime.process import StopSignal
 
 
 class Clock:

@@ -745,14 +745,6 @@ class TestLimiter:
     unlimited = replaylib.Unlimited()
     assert unlimited.want_sample()[0] and unlimited.want_insert()[0]
 
-  def test_wait(self):
-    limiter = replaylib.SamplesPerInsert(1, tolerance=1, minsize=1)
-    with pytest.raises(TimeoutError, match='too few'):
-      replaylib.wait(limiter.want_sample, timeout=0.03)
-    threading.Timer(0.05, lambda: limiter.insert(2)).start()
-    waited = replaylib.wait(limiter.want_sample, timeout=5)
-    assert waited > 0.02
-
 
 def test_threaded_stress(tmp_path):
   length, capacity = 5, 64

@@ -19,7 +19,8 @@ import pytest
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
 from dreamer_ver.runtime import logger_server, replay_server
-from dreamer_ver.runtime.process import StopSignal, free_port
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.runtime.process import StopSignal
 from dreamer_ver.runtime.replay_server import Closing, ReplayService
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
@@ -200,7 +201,7 @@ def test_update_writes_latents_seen_by_later_samples(service):
 
 @pytest.mark.parametrize('break_batch, message', [
     (lambda b: b.pop('reward'), r"missing keys \['reward'\]"),
-    (lambda b: b.pop('envid'), "missing key 'envid'"),
+    (lambda b: b.pop('envid'), r"missing keys \['envid'\]"),
     (lambda b: b.update(action=np.zeros((3, 5), np.float32)),
      r"'action': expected rows of shape \(2,\) float32, received rows of "
      r"shape \(5,\) float32"),
@@ -236,7 +237,7 @@ def test_save_and_load_restore_items_and_limiter(tmp_path):
   service.sample_batch_train(timeout=5)
   state = (service.limiter.size, service.limiter.avail)
   items, eval_items = len(service.train), len(service.eval)
-  service.save(wait=True)
+  service.save()
   service.close()
   assert json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())[
       'limiter'] == {'size': state[0], 'avail': state[1]}

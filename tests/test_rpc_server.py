@@ -12,9 +12,9 @@ import numpy as np
 import portal
 import pytest
 
-from dreamer_ver.runtime.client import Client
-from dreamer_ver.runtime.process import free_port
-from dreamer_ver.runtime.rpc_server import Server
+from dreamer_ver.rpc.client import Client
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.server import Server
 
 
 @contextlib.contextmanager

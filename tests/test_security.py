@@ -10,11 +10,12 @@ import pytest
 from portal.client_socket import Disconnected
 
 from dreamer_ver import config as configlib
-from dreamer_ver.runtime import cutoff
-from dreamer_ver.runtime.batcher import BatchServer
-from dreamer_ver.runtime.env_client import EnvClient
+from dreamer_ver.actor import preemption
+from dreamer_ver.rpc.batch_server import BatchServer
+from dreamer_ver.rpc.blocking_client import BlockingClient
+from dreamer_ver.rpc.addresses import bind_host, free_port
 from dreamer_ver.runtime.process import (
-    StopSignal, free_port, handshake, server_kwargs, with_token)
+    StopSignal, client_kwargs, server_kwargs, with_token)
 
 
 def _config(tmp_path, token=''):
@@ -24,9 +25,11 @@ def _config(tmp_path, token=''):
 
 def _echo_server(port, config, **kwargs):
   def handler(requests):
-    return [{'y': np.asarray(r.data['x']) * 2} for r in requests]
-  server = BatchServer(f'127.0.0.1:{port}', handler, cutoff.MinMaxTimeout(1, 4, 0.001),
-                       **server_kwargs(f'127.0.0.1:{port}', config), **kwargs)
+    return [{'y': np.asarray(r.data['x']) * 2} for r in requests], None
+  server = BatchServer(
+      f'127.0.0.1:{port}', handler,
+      preemption.make_cutoff(config.run, 4, [1, 2, 4]),
+      **server_kwargs(config), **kwargs)
   return server.start() or server
 
 
@@ -44,17 +47,21 @@ def test_token_is_made_once_per_run_with_owner_only_permissions(tmp_path, monkey
 
 def test_localhost_binds_loopback_only(tmp_path):
   config = _config(tmp_path)
-  assert server_kwargs('localhost:1234', config)['host'] == '127.0.0.1'
+  assert bind_host('localhost:1234') == '127.0.0.1'
+  assert 'host' not in server_kwargs(config)  # The address's host decides.
   multi = configlib.override(config, {'run.bind_host': '0.0.0.0'})
-  assert server_kwargs('myhost:1234', multi)['host'] == '0.0.0.0'
+  assert server_kwargs(multi)['host'] == '0.0.0.0'
 
 
-def test_wrong_token_is_refused_right_token_served(tmp_path):
+@pytest.mark.parametrize('cutoff', ['ver', 'preempt'])
+def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff):
   port = free_port()
-  server = _echo_server(port, _config(tmp_path, 'right'))
+  config = configlib.override(
+      _config(tmp_path, 'right'), {'run.actor_cutoff': cutoff})
+  server = _echo_server(port, config)
   stop = StopSignal(install=False)
-  good = EnvClient(f'127.0.0.1:{port}', handshake(_config(tmp_path, 'right')))
-  bad = EnvClient(f'127.0.0.1:{port}', handshake(_config(tmp_path, 'wrong')))
+  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, 'right')))
+  bad = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, 'wrong')))
   try:
     assert good.connect(stop) and bad.connect(stop)
     with pytest.raises(Disconnected):
@@ -72,10 +79,10 @@ def test_oversized_frame_is_refused_before_buffering(tmp_path):
   config = _config(tmp_path, 'tok')
   server = _echo_server(port, config, max_msg_size=4096)
   stop = StopSignal(install=False)
-  good = EnvClient(f'127.0.0.1:{port}', handshake(config))
+  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(config))
   try:
     raw = socket.create_connection(('127.0.0.1', port), timeout=5)
-    raw.sendall(handshake(config).encode())
+    raw.sendall(client_kwargs(config)['handshake'].encode())
     raw.sendall((1 << 40).to_bytes(8, 'little'))  # Claims a 1 TiB message.
     raw.settimeout(5)
     start = time.monotonic()

@@ -21,6 +21,7 @@ def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
   # step, so every env finished 4 episodes.
   assert len(scores) == 4 * (50 // 11)
   assert all(s['length'] == 10 for s in scores)
+  assert all(s['eval'] is False for s in scores)  # As the parallel runtime.
 
   assert mainlib.main([*flags, '--run.steps', '300']) in (0, None)
   assert 'Resumed from' in capsys.readouterr().out

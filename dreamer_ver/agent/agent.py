@@ -15,7 +15,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import behavior
 from . import dists
@@ -65,7 +64,7 @@ class Agent:
     rec = scales.pop('rec')
     scales.update({k: rec for k in self.model_space})
     self.scales = scales
-    self.policy = jax.jit(self._policy, static_argnames=('mode',))
+    self.policy = jax.jit(self.policy_step, static_argnames=('mode',))
     self.train = jax.jit(self._train, donate_argnums=(0,))
     self.report = jax.jit(self._report)
 
@@ -127,8 +126,10 @@ class Agent:
 
   # -------------------------------------------------------------- policy
 
-  def _policy(self, params, carry, obs, key, mode='sample'):
-    """One acting step for a batch of envs; rows with is_first restart."""
+  def policy_step(self, params, carry, obs, key, mode='sample'):
+    """One acting step for a batch of envs; rows with is_first restart.
+    Pure and unjitted, for callers that jit it into a step of their own
+    (the actor's carry-table step); `self.policy` is it jitted."""
     enc_key, dyn_key, act_key = jax.random.split(key, 3)
     del enc_key
     reset = obs['is_first'].astype(bool)
@@ -390,7 +391,3 @@ class Agent:
 def policy_params(params):
   """The subset of params the actor needs."""
   return {k: params[k] for k in POLICY_MODULES}
-
-
-def as_numpy(tree):
-  return jax.tree.map(np.asarray, tree)

@@ -3,13 +3,20 @@
 Loading needs a template of the expected structure (a freshly initialised
 state of the same config); names, shapes and dtypes must all match, and any
 mismatch is reported by name instead of as a pytree traceback.
+
+A run's checkpoint folder (`logdir/ckpt/`, `Checkpoint`) holds `agent.npz`
+(params, optimizer, slow critic, normaliser, step and RNG) and
+`counters.json` (env steps served, params version).
 """
 
+import json
 import os
 import pathlib
 
 import jax
 import numpy as np
+
+from dreamer_ver.files import write_json
 
 
 class CheckpointMismatch(ValueError):
@@ -62,3 +69,56 @@ def load(path, template):
 def _few(names, limit=3):
   text = ', '.join(names[:limit])
   return text + (f' and {len(names) - limit} more' if len(names) > limit else '')
+
+
+def checkpoint_dir(path):
+  """The folder holding `agent.npz` for a logdir or a checkpoint folder."""
+  path = pathlib.Path(path).expanduser()
+  if (path / 'agent.npz').is_file():
+    return path
+  return path / 'ckpt'
+
+
+class Checkpoint:
+  """The agent's checkpoint folder of a logdir (or the folder itself)."""
+
+  def __init__(self, path):
+    self.directory = checkpoint_dir(path)
+
+  @property
+  def exists(self):
+    return (self.directory / 'agent.npz').exists()
+
+  def load(self, template):
+    """(state shaped like `template`, counters); CheckpointMismatch names
+    what does not fit."""
+    state = load(self.directory / 'agent.npz', template)
+    counters = json.loads((self.directory / 'counters.json').read_text())
+    return state, counters
+
+  def save(self, state, counters):
+    save(state, self.directory / 'agent.npz')
+    write_json(self.directory / 'counters.json', counters)
+
+
+def restore(agent, config):
+  """(Checkpoint of the logdir, state, counters) to start a run from: the
+  logdir's checkpoint when it has one (resume), else the state saved at
+  `run.from_checkpoint` with fresh counters (warm start), else a fresh
+  state from `seed`."""
+  ckpt = Checkpoint(config.logdir)
+  state = agent.init_state(agent.init_params(config.seed), config.seed)
+  counters = {'steps': 0, 'version': 0}
+  if ckpt.exists:
+    state, counters = ckpt.load(state)
+    print(f'Resumed from {ckpt.directory} at step {counters["steps"]} '
+          f'(params version {counters["version"]}).', flush=True)
+  elif config.run.from_checkpoint:
+    source = Checkpoint(config.run.from_checkpoint)
+    if not source.exists:
+      raise FileNotFoundError(
+          f'run.from_checkpoint: no checkpoint at '
+          f'{source.directory / "agent.npz"}')
+    state, _ = source.load(state)
+    print(f'Warm start from {source.directory}.', flush=True)
+  return ckpt, state, counters

@@ -103,6 +103,13 @@ def make_env(task: str, env_config=None, seed: int = 0) -> Env:
   return wrap_env(ctor(name, seed=seed, **kwargs))
 
 
+def make_run_env(config, envid: int) -> Env:
+  """Env `envid` of a run (train env i is id i, eval env i is id
+  `run.envs + i`), seeded from the run's seed and the id alone, so one seed
+  gives the same envs in every script."""
+  return make_env(config.task, config.env, seed=config.seed * 100_000 + envid)
+
+
 def wrap_env(env: Env) -> Env:
   """Applies the wrappers every env needs before the agent sees it."""
   continuous = [k for k, v in env.act_space.items() if not v.discrete]

@@ -23,7 +23,6 @@ first sample is allowed after 2992 inserts.
 """
 
 import threading
-import time
 
 
 class _Counts:
@@ -119,22 +118,3 @@ class Unlimited(_Counts):
     with self.lock:
       self.size += amount
 
-
-def wait(want, sleep=0.01, timeout=None):
-  """Polls ``want() -> (allowed, reason)`` until it allows.
-
-  Returns the seconds waited (0 when allowed right away). Raises TimeoutError
-  with the last reason when ``timeout`` seconds pass first.
-  """
-  allowed, reason = want()
-  if allowed:
-    return 0.0
-  start = time.monotonic()
-  while True:
-    time.sleep(sleep)
-    allowed, reason = want()
-    waited = time.monotonic() - start
-    if allowed:
-      return waited
-    if timeout is not None and waited >= timeout:
-      raise TimeoutError(f'Waited {waited:.1f}s: {reason}')

@@ -12,9 +12,9 @@ worker reconnects by itself and starts fresh episodes (the actor sees
 import numpy as np
 from portal.client_socket import Disconnected
 
-from dreamer_ver.envs import make_env
-from dreamer_ver.runtime.env_client import EnvClient
-from dreamer_ver.runtime.process import StopSignal, handshake
+from dreamer_ver.envs import make_run_env
+from dreamer_ver.rpc.blocking_client import BlockingClient
+from dreamer_ver.runtime.process import StopSignal, client_kwargs
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -25,12 +25,11 @@ def run_env(config, envid, is_eval=False, stop=None):
 def run_envs(config, envids, is_eval=False, stop=None):
   """Runs the envs `envids` in this process until SIGINT/SIGTERM."""
   stop = stop or StopSignal()
-  envs = [make_env(config.task, config.env, seed=config.seed * 100_000 + i)
-          for i in envids]
+  envs = [make_run_env(config, i) for i in envids]
   n = len(envs)
   halves = [list(range(n))] if n == 1 else [
       list(range(n // 2)), list(range(n // 2, n))]
-  client = EnvClient(config.run.actor_addr, handshake(config))
+  client = BlockingClient(config.run.actor_addr, **client_kwargs(config))
   client.connect(stop)
   while not stop:
     try:

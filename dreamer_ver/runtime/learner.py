@@ -6,16 +6,13 @@ a version. Reports, metrics and checkpoints happen on wall-clock intervals.
 """
 
 import collections
-import json
-from pathlib import Path
 
 import elements
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dreamer_ver.agent import checkpoint
-from dreamer_ver.agent.agent import POLICY_MODULES
+from dreamer_ver.agent.agent import policy_params
 
 
 class Prefetch:
@@ -42,30 +39,6 @@ def wait(future, stop, poll=0.2):
     except TimeoutError:
       if stop():
         return None
-
-
-class Checkpoint:
-  """The agent's state and counters in `logdir/ckpt/`: `agent.npz` holds
-  params, optimizer, slow critic, normaliser, step and RNG; `counters.json`
-  the env steps served and the params version."""
-
-  def __init__(self, logdir):
-    self.directory = Path(logdir) / 'ckpt'
-
-  @property
-  def exists(self):
-    return (self.directory / 'agent.npz').exists()
-
-  def load(self, template):
-    state = checkpoint.load(self.directory / 'agent.npz', template)
-    counters = json.loads((self.directory / 'counters.json').read_text())
-    return state, counters
-
-  def save(self, state, counters):
-    checkpoint.save(state, self.directory / 'agent.npz')
-    tmp = self.directory / 'counters.json.tmp'
-    tmp.write_text(json.dumps(counters))
-    tmp.replace(self.directory / 'counters.json')
 
 
 class Learner:
@@ -132,8 +105,7 @@ class Learner:
         self.state, self.carry, batch)
     self.counters['version'] += 1
     self.params.publish(
-        {k: self.state['params'][k] for k in POLICY_MODULES},
-        self.counters['version'])
+        policy_params(self.state['params']), self.counters['version'])
     self.replay.update(jax.device_get(outs['replay']))
     for key, value in mets.items():
       self.metrics[key].append(value)

@@ -38,7 +38,6 @@ import collections
 import collections.abc
 import json
 import math
-import os
 import re
 import threading
 import time
@@ -46,8 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.runtime.process import StopSignal, server_kwargs
-from dreamer_ver.runtime.rpc_server import Server
+from dreamer_ver.files import write_json
+from dreamer_ver.rpc.server import Server
+from dreamer_ver.runtime.process import (
+    StopSignal, run_periodically, server_kwargs)
+from dreamer_ver.runtime.transitions import check_rows
 
 REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
 
@@ -177,25 +179,10 @@ class LoggerService:
 
   def _check(self, trans):
     """(required columns, scalar log/ columns), or ValueError; no side effects."""
-    if not isinstance(trans, collections.abc.Mapping):
-      raise TypeError(
-          f'tran expects a dict of arrays, got {type(trans).__name__}.')
-    missing = [key for key in REQUIRED_KEYS if key not in trans]
-    if missing:
-      raise ValueError(
-          f'tran: missing keys {missing}; received keys {sorted(trans)}.')
-    count = np.shape(trans['envid'])[0] if np.ndim(trans['envid']) else None
-    if count is None:
-      raise ValueError("tran: 'envid' must be an array [N].")
-    for key, value in trans.items():
-      shape = np.shape(value)
-      if not shape or shape[0] != count:
-        raise ValueError(
-            f"tran: key {key!r}: expected leading dim N={count} (from "
-            f"'envid'), received shape {shape}.")
-    columns = {key: np.asarray(trans[key]) for key in REQUIRED_KEYS}
+    trans = check_rows(trans, 'tran', required=REQUIRED_KEYS)
+    columns = {key: trans[key] for key in REQUIRED_KEYS}
     if 'missed' in trans:
-      missed = np.asarray(trans['missed'])
+      missed = trans['missed']
       if missed.ndim != 1 or not np.issubdtype(missed.dtype, np.integer) or (
           missed < 0).any():
         raise ValueError("tran: 'missed' must be non-negative integers [N].")
@@ -304,10 +291,7 @@ class LoggerService:
     with self._lock:
       state = {'step': self._step, 'episodes': self._episodes_done['train'],
                'eval_episodes': self._episodes_done['eval']}
-    self.ckpt.parent.mkdir(parents=True, exist_ok=True)
-    tmp = self.ckpt.with_name(self.ckpt.name + '.tmp')
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, self.ckpt)
+    write_json(self.ckpt, state)
 
   def load(self):
     """Restores the counters; returns False when there is no checkpoint."""
@@ -331,27 +315,22 @@ def serve_logger(config, stop=None):
   if service.load():
     print(f'[logger] resumed at step {service.step}', flush=True)
   addr = config.run.logger_addr
-  server = Server(addr, 'Logger', workers=1, **server_kwargs(addr, config))
+  server = Server(addr, 'Logger', workers=1, **server_kwargs(config))
   server.bind('add', service.add)  # Both on the shared single worker.
   server.bind('tran', service.tran)
   server.start()
-  save_every, log_every = config.run.save_every, config.run.log_every
-  last_save = last_log = time.monotonic()
-  last_activity = service.activity
+  reported_activity = [service.activity]
+
+  def log():
+    if service.activity != reported_activity[0]:  # Idle: nothing to report.
+      service.add({f'server/logger/{key}': value
+                   for key, value in server.stats().items()})
+      reported_activity[0] = service.activity
+    service.write()
+
   try:
-    while not stop.wait(0.5):
-      now = time.monotonic()
-      if now - last_log >= log_every:
-        last_log = now
-        if service.activity != last_activity:  # Idle: nothing to report.
-          service.add({
-              f'server/logger/{key}': value
-              for key, value in server.stats().items()})
-          last_activity = service.activity
-        service.write()
-      if save_every > 0 and now - last_save >= save_every:
-        last_save = now
-        service.save()
+    run_periodically(stop, [(config.run.log_every, log),
+                            (config.run.save_every, service.save)])
   finally:
     server.close(timeout=5)
     service.write()

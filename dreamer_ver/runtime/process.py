@@ -1,10 +1,9 @@
-"""What every runtime process shares: addresses, the run token, and a
-graceful stop.
+"""What every runtime process shares: the run token, the server and client
+settings it implies, and a graceful stop.
 
-Servers bind to the host named in their `host:port` address, so a
-single-machine run (`localhost:...`) listens on loopback only; binding to
-other interfaces happens only for a non-local address or an explicit
-`run.bind_host` (e.g. `0.0.0.0` on a multi-host run).
+Servers bind to the host named in their `host:port` address
+(`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
+multi-host run).
 
 Every server of a run only accepts clients that present the run's token in
 the connection handshake. The token comes from `run.token`, else the
@@ -15,54 +14,27 @@ owner-only permissions by the first component that needs it).
 import os
 import secrets
 import signal
-import socket
 import threading
+import time
 from pathlib import Path
+
+from dreamer_ver.rpc import addresses
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
 
 
-def split_addr(addr):
-  """'host:port' -> (host, port). A bare port means localhost."""
-  addr = str(addr)
-  if ':' not in addr:
-    return 'localhost', int(addr)
-  host, port = addr.rsplit(':', 1)
-  if '{' in port:
-    raise ValueError(
-        f"address {addr!r} still holds a placeholder; parallel components "
-        "started one by one need explicit host:port addresses")
-  return host.strip('[]') or 'localhost', int(port)
-
-
-def bind_host(addr):
-  """The interface a server for `addr` listens on (loopback for localhost)."""
-  host, _ = split_addr(addr)
-  if host in ('localhost', '127.0.0.1', ''):
-    return '127.0.0.1'
-  if host in ('::1',):
-    return '::1'
-  return host
-
-
-def server_kwargs(addr, config=None):
-  """Keyword arguments for portal.Server / portal.ServerSocket: the bind
-  interface and, given the run's config, the token handshake."""
-  host = (config is not None and config.run.bind_host) or bind_host(addr)
-  kwargs = dict(host=host, ipv6=':' in host)
-  if config is not None:
-    kwargs['handshake'] = handshake(config)
+def server_kwargs(config):
+  """Keyword arguments for our servers (and portal's) in a run: the bind
+  interface when `run.bind_host` sets one, and the token handshake."""
+  kwargs = dict(handshake=addresses.handshake(config.run.token))
+  if config.run.bind_host:
+    kwargs['host'] = config.run.bind_host
   return kwargs
 
 
 def client_kwargs(config):
-  """Keyword arguments for portal.Client (and EnvClient) of a run."""
-  return dict(handshake=handshake(config))
-
-
-def handshake(config):
-  token = config.run.token
-  return f'dreamer_ver:{token}' if token else 'portal_handshake'
+  """Keyword arguments for our clients (and portal.Client) in a run."""
+  return dict(handshake=addresses.handshake(config.run.token))
 
 
 def with_token(config):
@@ -90,17 +62,6 @@ def _logdir_token(logdir):
   return path.read_text().strip()
 
 
-def free_port():
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-    sock.bind(('127.0.0.1', 0))
-    return sock.getsockname()[1]
-
-
-def fill_auto_ports(addr):
-  """'localhost:{auto}' -> 'localhost:<free port>'."""
-  return addr.replace('{auto}', str(free_port())) if '{auto}' in addr else addr
-
-
 class StopSignal:
   """An event set by SIGINT/SIGTERM (or by hand), so loops can save and exit.
 
@@ -121,8 +82,24 @@ class StopSignal:
   def __bool__(self):
     return self.event.is_set()
 
+  def is_set(self):
+    return self.event.is_set()
+
   def set(self):
     self.event.set()
 
   def wait(self, timeout):
     return self.event.wait(timeout)
+
+
+def run_periodically(stop, tasks, poll=0.5):
+  """A server process's main loop: calls each `fn` of `tasks`, a list of
+  (seconds, fn), every that many seconds (never when <= 0) until `stop` is
+  set, checking twice a second."""
+  last = [time.monotonic()] * len(tasks)
+  while not stop.wait(poll):
+    now = time.monotonic()
+    for i, (seconds, fn) in enumerate(tasks):
+      if seconds > 0 and now - last[i] >= seconds:
+        last[i] = now
+        fn()

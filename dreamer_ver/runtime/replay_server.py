@@ -27,22 +27,20 @@ dropped too. The learner's batches hold the stored keys plus ``stepid`` and
 This module imports neither JAX nor the agent.
 """
 
-import collections.abc
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.replay import (
-    Mixture, Prioritized, Recency, Replay, SamplesPerInsert, Uniform,
-    Unlimited)
-from dreamer_ver.runtime.client import Client
+from dreamer_ver.files import write_json
+from dreamer_ver.replay import build
+from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, server_kwargs)
-from dreamer_ver.runtime.rpc_server import Server
+    StopSignal, client_kwargs, run_periodically, server_kwargs)
+from dreamer_ver.rpc.server import Server
+from dreamer_ver.runtime.transitions import check_rows
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
@@ -73,20 +71,9 @@ class ReplayService:
       raise ValueError(
           f'report_length + replay_context ({self.report_length}) must not '
           f'exceed batch_length + replay_context ({self.train_length}).')
-    size = int(config.replay.size)
-    self.train = Replay(
-        self.train_length, size, logdir / 'replay',
-        chunksize=int(config.replay.chunksize),
-        online=bool(config.replay.online),
-        selector=make_selector(config, config.seed), seed=config.seed)
-    # Eval data is only used for eval reports: a tenth of the train capacity
-    # (as upstream), but never less than one batch of sequences.
-    eval_size = max(size // 10, self.batch_size * self.report_length)
-    self.eval = Replay(
-        self.report_length, eval_size, logdir / 'replay_eval',
-        chunksize=int(config.replay.chunksize), online=False,
-        selector=Uniform(config.seed + 1), seed=config.seed + 1)
-    self.limiter = make_limiter(config)
+    self.train = build.train_replay(config, logdir)
+    self.eval = build.eval_replay(config, logdir)
+    self.limiter = build.make_limiter(config)
     self.ckpt = logdir / 'ckpt' / 'replay.json'
 
     self.poll = poll
@@ -219,28 +206,8 @@ class ReplayService:
 
   def _check_batch(self, trans):
     """Returns (envid, is_eval, stored columns) or raises ValueError."""
-    if not isinstance(trans, collections.abc.Mapping):
-      raise TypeError(
-          f'add_batch expects a dict of arrays, got {type(trans).__name__}.')
-    for key in ('envid', 'is_eval'):
-      if key not in trans:
-        raise ValueError(
-            f'add_batch: missing key {key!r}; received keys {sorted(trans)}.')
-    arrays = {key: np.asarray(value) for key, value in trans.items()}
+    arrays = check_rows(trans, 'add_batch', required=('is_eval',))
     envid = arrays['envid']
-    if envid.ndim != 1 or not np.issubdtype(envid.dtype, np.integer):
-      raise ValueError(
-          f"add_batch: 'envid' must be an int array [N], received "
-          f'{envid.dtype} {envid.shape}.')
-    count = len(envid)
-    for key, value in arrays.items():
-      if value.ndim == 0 or value.shape[0] != count:
-        received = value.shape[0] if value.ndim else 'a scalar'
-        raise ValueError(
-            f'add_batch: key {key!r}: expected leading dim N={count} (from '
-            f"'envid'), received {received} (shape {value.shape}).")
-      if value.dtype == object:
-        raise ValueError(f'add_batch: key {key!r} has dtype object.')
     is_eval = arrays['is_eval'].astype(bool)
     data = {
         key: value for key, value in arrays.items()
@@ -293,7 +260,7 @@ class ReplayService:
 
   # ---------------------------------------------------------- save / load
 
-  def save(self, wait=True):
+  def save(self):
     """Replays write changed chunks, then the limiter state goes to
     ``ckpt/replay.json`` atomically.
 
@@ -301,13 +268,11 @@ class ReplayService:
     written once they are on disk, so a crash at any point leaves a saved
     insert count no larger than the saved rows (writing the json while the
     chunks were still queued let a kill leave a count ahead of the data).
-    So a save always waits for its writes; ``wait`` is kept for callers.
     """
-    del wait
     state = {'limiter': self.limiter.save(), 'time': time.time()}
     self.train.save(wait=True)
     self.eval.save(wait=True)
-    _write_json(self.ckpt, state)
+    write_json(self.ckpt, state)
 
   def load(self):
     """Restores the newest saved sequences and the limiter state."""
@@ -333,44 +298,6 @@ class ReplayService:
     self.eval.close()
 
 
-def make_selector(config, seed=0):
-  """The train selector from ``replay.fracs``; a Mixture only when needed."""
-  fracs = {name: float(value) for name, value in dict(
-      config.replay.fracs).items() if float(value) > 0}
-  prio = config.replay.prio
-
-  def build(name, seed):
-    if name == 'uniform':
-      return Uniform(seed)
-    if name == 'priority':
-      return Prioritized(
-          prio.exponent, prio.initial, prio.zero_on_sample, prio.maxfrac,
-          seed)
-    if name == 'recency':
-      return Recency(config.replay.recexp, seed)
-    raise ValueError(f'Unknown replay selector {name!r} in replay.fracs.')
-
-  if not fracs:
-    raise ValueError('replay.fracs: at least one fraction must be positive.')
-  if len(fracs) == 1:
-    return build(next(iter(fracs)), seed)
-  selectors = {
-      name: build(name, seed + 1 + index)
-      for index, name in enumerate(sorted(fracs))}
-  return Mixture(selectors, fracs, seed)
-
-
-def make_limiter(config):
-  """train_ratio counts replayed steps per env step; the limiter counts
-  sequences per inserted step, hence the division by batch_length."""
-  if config.run.train_ratio <= 0:
-    return Unlimited()
-  return SamplesPerInsert(
-      config.run.train_ratio / config.batch_length,
-      tolerance=4 * config.batch_size,
-      minsize=config.batch_size * config.batch_length)
-
-
 # ------------------------------------------------------------------ process
 
 def serve_replay(config, stop=None):
@@ -383,36 +310,36 @@ def serve_replay(config, stop=None):
       f'eval sequences from {service.logdir}', flush=True)
   addr = config.run.replay_addr
   server = Server(addr, 'Replay', quiet=(Closing,),
-                  **server_kwargs(addr, config))
+                  **server_kwargs(config))
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
   server.start()
   logger = Client(config.run.logger_addr, 'ReplayLogger', maxinflight=1,
                   when_full='drop', **client_kwargs(config))
-  save_every, log_every = config.run.save_every, config.run.log_every
-  last_save = last_log = time.monotonic()
-  saved_activity = service.activity
+  saved_activity = [service.activity]
+
+  def save():
+    if service.activity == saved_activity[0]:
+      return  # Nothing new since the last save.
+    saved_activity[0] = service.activity
+    try:
+      service.save()
+    except Exception as error:  # E.g. a full disk: keep serving.
+      print(f'[replay] save failed: {error!r}', flush=True)
+
+  def log():
+    stats = service.stats()
+    stats.update(_prefix(server.stats(), 'server/replay'))
+    logger.add(stats)
+
   try:
-    while not stop.wait(0.5):
-      now = time.monotonic()
-      if save_every > 0 and now - last_save >= save_every:
-        last_save = now
-        if service.activity != saved_activity:
-          saved_activity = service.activity
-          try:
-            service.save()
-          except Exception as error:  # E.g. a full disk: keep serving.
-            print(f'[replay] save failed: {error!r}', flush=True)
-      if now - last_log >= log_every:
-        last_log = now
-        stats = service.stats()
-        stats.update(_prefix(server.stats(), 'server/replay'))
-        logger.add(stats)
+    run_periodically(stop, [(config.run.save_every, save),
+                            (config.run.log_every, log)])
   finally:
     print('[replay] stopping: saving', flush=True)
     service.interrupt()
     server.close(timeout=5)
-    service.save(wait=True)
+    service.save()
     service.close()
     logger.close(timeout=1)
   print('[replay] stopped', flush=True)
@@ -450,10 +377,3 @@ def _counts(stats):
 def _prefix(mapping, prefix):
   return {f'{prefix}/{key}': value for key, value in mapping.items()}
 
-
-def _write_json(path, data):
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(data))
-  os.replace(tmp, path)

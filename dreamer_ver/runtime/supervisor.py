@@ -30,22 +30,20 @@ def _call(name, target, config, *args):
 class Children:
   """Child processes started with 'spawn'.
 
-  `supervise()` restarts children that died with a non-zero exit code (a
-  child exits 0 only when told to stop; env processes only when
-  `restart_envs`), waiting an exponential backoff per child so a process
-  that keeps crashing does not spin; `supervise_in_background()` calls it
-  every half second on a daemon thread. `stop_all()` ends supervision, sends
-  SIGTERM (and SIGCONT, so a stopped child gets it) and kills what is still
-  alive after SHUTDOWN_SECONDS.
+  `supervise()` restarts the children started with `restart=True` that died
+  with a non-zero exit code (a child exits 0 only when told to stop),
+  waiting an exponential backoff per child so a process that keeps crashing
+  does not spin; `supervise_in_background()` calls it every half second on
+  a daemon thread. `stop_all()` ends supervision, then stops the children
+  in groups of rising `stop_order` (e.g. envs before the servers they feed,
+  so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
+  it), and a kill for what is still alive after SHUTDOWN_SECONDS.
   """
 
-  SERVERS = ('replay', 'logger')
-
-  def __init__(self, restart_envs=True, backoff=(1.0, 30.0)):
+  def __init__(self, backoff=(1.0, 30.0)):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
-    self.specs = {}
-    self.restart_envs = restart_envs
+    self.specs = {}  # name -> (target, config, args, restart, stop_order)
     self.backoff = backoff
     self.restarts = collections.Counter()
     self.due = {}  # name -> time a dead child may be restarted
@@ -54,17 +52,16 @@ class Children:
     self.halt = threading.Event()
     self.thread = None
 
-  def start(self, name, target, config, *args):
+  def start(self, name, target, config, *args, restart=True, stop_order=0):
+    """Starts `target` ('module:function', called as fn(config, *args)) in
+    a child process named `name`."""
     proc = self.context.Process(
         target=_call, args=(name, target, config, *args), name=name,
         daemon=False)
     proc.start()
     self.procs[name] = proc
-    self.specs[name] = (target, config, *args)
+    self.specs[name] = (target, config, args, restart, stop_order)
     return proc
-
-  def alive(self):
-    return any(p.is_alive() for p in self.procs.values())
 
   def supervise(self):
     """Restarts dead children whose backoff has passed."""
@@ -84,9 +81,8 @@ class Children:
   def _supervise(self):
     now = time.monotonic()
     for name, proc in list(self.procs.items()):
-      if proc.is_alive() or (name == 'agent'):
-        continue
-      if name not in self.SERVERS and not self.restart_envs:
+      target, config, args, restart, order = self.specs[name]
+      if proc.is_alive() or not restart:
         continue
       if proc.exitcode == 0:
         # It was asked to stop (SIGINT/SIGTERM, e.g. Ctrl-C reaches the
@@ -102,7 +98,8 @@ class Children:
       if now >= self.due[name]:
         del self.due[name]
         self.restarts[name] += 1
-        self.start(name, *self.specs[name])
+        self.start(name, target, config, *args, restart=restart,
+                   stop_order=order)
 
   def wait_for(self, name, stop):
     proc = self.procs[name]
@@ -117,10 +114,10 @@ class Children:
     self.halt.set()
     if self.thread is not None:
       self.thread.join()
-    # Envs first, so nothing new reaches replay and logger while they save.
-    others = [n for n in self.procs if n not in self.SERVERS]
-    servers = [n for n in self.procs if n in self.SERVERS]
-    for group in (others, servers):
+    orders = sorted({spec[4] for spec in self.specs.values()})
+    groups = [[n for n in self.procs if self.specs[n][4] == order]
+              for order in orders]
+    for group in groups:
       for name in group:
         proc = self.procs[name]
         if proc.is_alive():

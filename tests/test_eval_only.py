@@ -8,8 +8,8 @@ from dreamer_ver import config as configlib
 from dreamer_ver import main as mainlib
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.envs import make_env
-from dreamer_ver.runtime import evaluate
-from dreamer_ver.runtime.learner import Checkpoint
+from dreamer_ver.agent.checkpoint import Checkpoint
+from dreamer_ver.scripts import eval_only
 
 LENGTH = 10
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
@@ -34,9 +34,9 @@ def read(path):
 
 
 def test_episode_shares():
-  assert evaluate.episode_shares(5, 2) == [3, 2]
-  assert evaluate.episode_shares(4, 4) == [1, 1, 1, 1]
-  assert sum(evaluate.episode_shares(7, 3)) == 7
+  assert eval_only.episode_shares(5, 2) == [3, 2]
+  assert eval_only.episode_shares(4, 4) == [1, 1, 1, 1]
+  assert sum(eval_only.episode_shares(7, 3)) == 7
 
 
 def test_eval_only_from_the_command_line(run_dir, tmp_path, capsys):
@@ -63,13 +63,13 @@ def test_eval_only_from_the_ckpt_folder_sampled_and_random(run_dir, tmp_path):
       *FLAGS, '--logdir', str(out), '--run.from_checkpoint',
       str(run_dir / 'ckpt'), '--run.steps', '3', '--run.eval_envs', '4',
       '--run.eval_mode', 'sample'])
-  assert evaluate.eval_only(config) == 0
+  assert eval_only.eval_only(config) == 0
   records = read(out / 'eval_scores.jsonl')
   assert len(records) == 3 and {r['env'] for r in records} == {0, 1, 2}
   assert all(r['length'] == LENGTH and r['mode'] == 'sample'
              for r in records)
   random = configlib.override(config, {'random_agent': True})
-  assert evaluate.eval_only(random) == 0  # Appends.
+  assert eval_only.eval_only(random) == 0  # Appends.
   records = read(out / 'eval_scores.jsonl')
   assert len(records) == 6 and records[-1]['mode'] == 'random'
 
@@ -77,6 +77,6 @@ def test_eval_only_from_the_ckpt_folder_sampled_and_random(run_dir, tmp_path):
 def test_eval_only_without_a_checkpoint_fails_cleanly(tmp_path, capsys):
   config = configlib.load_config([
       *FLAGS, '--logdir', str(tmp_path / 'empty'), '--run.steps', '2'])
-  assert evaluate.eval_only(config) == 2
+  assert eval_only.eval_only(config) == 2
   assert 'no checkpoint' in capsys.readouterr().err
   assert not (tmp_path / 'empty' / 'eval_scores.jsonl').exists()

@@ -14,13 +14,11 @@ import socket
 import numpy as np
 from portal import packlib
 
-HANDSHAKE = 'portal_handshake'
-
-
 def connect(addr, handshake, stop, retry=0.1):
   """A connected socket that has sent the handshake; retries until `stop`
-  (a StopSignal) is set, then returns None."""
-  while not stop:
+  (a threading.Event or anything with `is_set` and `wait`) is set, then
+  returns None."""
+  while not stop.is_set():
     sock = None
     try:
       sock = socket.create_connection(addr, timeout=1.0)
@@ -83,7 +81,7 @@ def _recv_exact(sock, size, stop, poll):
   pos = 0
   while pos < size:
     if not select.select([sock], [], [], poll)[0]:
-      if stop:
+      if stop is not None and stop.is_set():
         return None
       continue
     got = sock.recv_into(buffer[pos:])

@@ -27,8 +27,8 @@ import threading
 
 from portal.client_socket import Disconnected
 
-from dreamer_ver.runtime import wire
-from dreamer_ver.runtime.process import StopSignal, split_addr
+from . import wire
+from .addresses import HANDSHAKE, split_addr
 
 
 class Dropped(RuntimeError):
@@ -43,7 +43,7 @@ class Client:
   acting or training)."""
 
   def __init__(self, addr, name='Client', maxinflight=16, when_full='block',
-               handshake=wire.HANDSHAKE, max_msg_size=2 ** 32):
+               handshake=HANDSHAKE, max_msg_size=2 ** 32):
     if maxinflight < 1:
       raise ValueError(f'maxinflight must be >= 1, got {maxinflight}')
     if when_full not in ('block', 'drop'):
@@ -60,7 +60,7 @@ class Client:
     self._cond = threading.Condition()
     self._send_lock = threading.Lock()
     self._sock = None
-    self._stop = StopSignal(install=False)
+    self._stop = threading.Event()
     self._thread = threading.Thread(
         target=self._receive, name=f'{name}Receiver', daemon=True)
     self._thread.start()
@@ -80,7 +80,7 @@ class Client:
     `maxinflight` calls are outstanding it blocks or drops (`when_full`)."""
     future = concurrent.futures.Future()
     with self._cond:
-      while len(self._inflight) >= self.maxinflight and not self._stop:
+      while len(self._inflight) >= self.maxinflight and not self._stop.is_set():
         if self.when_full == 'drop':
           self.dropped += 1
           future.set_exception(Dropped(
@@ -91,7 +91,7 @@ class Client:
     reqnum = next(self._reqnums)
     parts = wire.request(reqnum, method, args)
     with self._send_lock:
-      if self._stop:
+      if self._stop.is_set():
         raise Disconnected(f'{self.name} is closed')
       with self._cond:
         self._inflight[reqnum] = (parts, future)
@@ -120,7 +120,7 @@ class Client:
   # ------------------------------------------------------------ receiver
 
   def _receive(self):
-    while not self._stop:
+    while not self._stop.is_set():
       if self._sock is None and not self._connect():
         return
       try:

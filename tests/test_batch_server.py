@@ -16,9 +16,9 @@ import numpy as np
 import portal
 import pytest
 
-from dreamer_ver.runtime import cutoff as cutofflib
-from dreamer_ver.runtime.batcher import BatchServer
-from dreamer_ver.runtime.process import free_port
+from dreamer_ver.actor import preemption
+from dreamer_ver.rpc.batch_server import BatchServer
+from dreamer_ver.rpc.addresses import free_port
 
 TIMEOUT = 5.0
 Pending = collections.namedtuple('Pending', 'arrival envid')
@@ -39,42 +39,9 @@ def arrive(queue, clock, envid=0):
   queue.append(Pending(clock.now, envid))
 
 
-def test_minmax_dispatches_when_min_reached():
-  clock, queue = FakeClock(), []
-  policy = cutofflib.MinMaxTimeout(min_batch=3, max_batch=8, timeout=0.05)
-  assert policy.decide(queue, clock.now) is None
-  arrive(queue, clock)
-  clock.advance(0.01)
-  assert policy.decide(queue, clock.now) == pytest.approx(0.04)
-  arrive(queue, clock)
-  arrive(queue, clock)
-  assert policy.decide(queue, clock.now) == (3, 'min')
-
-
-def test_minmax_times_out_on_the_oldest():
-  clock, queue = FakeClock(), []
-  policy = cutofflib.MinMaxTimeout(min_batch=4, max_batch=8, timeout=0.05)
-  arrive(queue, clock)
-  clock.advance(0.03)
-  arrive(queue, clock)
-  assert policy.decide(queue, clock.now) == pytest.approx(0.02)
-  clock.advance(0.02)
-  assert policy.decide(queue, clock.now) == (2, 'timeout')
-
-
-def test_minmax_never_exceeds_max():
-  clock, queue = FakeClock(), []
-  policy = cutofflib.MinMaxTimeout(min_batch=2, max_batch=4, timeout=1.0)
-  for _ in range(7):
-    arrive(queue, clock)
-  assert policy.decide(queue, clock.now) == (4, 'max')
-  clock.advance(5.0)  # Even when long overdue.
-  assert policy.decide(queue, clock.now) == (4, 'max')
-
-
 def test_fixed_never_dispatches_fewer():
   clock, queue = FakeClock(), []
-  policy = cutofflib.Fixed(3)
+  policy = preemption.Fixed(3)
   for _ in range(2):
     arrive(queue, clock)
     clock.advance(1000.0)
@@ -86,15 +53,29 @@ def test_fixed_never_dispatches_fewer():
 
 
 def test_cutoff_arguments_are_checked():
+  makers = (preemption.VER, lambda lo, hi: preemption.Preempt(lo, hi, [1, 2, 4]))
+  for make in makers:
+    with pytest.raises(ValueError):
+      make(5, 4)
+    with pytest.raises(ValueError):
+      make(0, 4)
   with pytest.raises(ValueError):
-    cutofflib.MinMaxTimeout(5, 4, 0.1)
-  with pytest.raises(ValueError):
-    cutofflib.MinMaxTimeout(0, 4, 0.1)
-  with pytest.raises(ValueError):
-    cutofflib.Fixed(0)
+    preemption.Fixed(0)
 
 
 # ------------------------------------------------------------------ helpers
+
+PRODUCTION = ('ver', 'preempt')
+
+
+def production_cutoff(name, min_batch=1, max_batch=4, max_wait=0.005):
+  """A cutoff the runtime uses (`make_cutoff`'s rules), with test sizes."""
+  if name == 'ver':
+    return preemption.VER(min_batch, max_batch, max_wait=max_wait)
+  buckets = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch]
+  return preemption.Preempt(
+      min_batch, max_batch, buckets + [max_batch], max_wait=max_wait)
+
 
 class Doubler:
   """Handler: {'y': 2x} per request; records what each batch held."""
@@ -109,7 +90,7 @@ class Doubler:
       self.batches.append([r.data['x'].copy() for r in requests])
     if self.delay:
       time.sleep(self.delay)
-    return [{'y': r.data['x'] * 2} for r in requests]
+    return [{'y': r.data['x'] * 2} for r in requests], None
 
   @property
   def sizes(self):
@@ -184,25 +165,31 @@ def run_clients(clients, steps, first=0):
 
 # ------------------------------------------------------------------ serving
 
-class Recording(cutofflib.MinMaxTimeout):
-  """MinMaxTimeout that remembers what the server told it."""
+class Recording:
+  """A cutoff that remembers what the server told it, then passes it on."""
 
-  def __init__(self, *args):
-    super().__init__(*args)
+  def __init__(self, cutoff):
+    self.cutoff = cutoff
     self.batches, self.replies = [], collections.Counter()
+
+  def decide(self, pending, now):
+    return self.cutoff.decide(pending, now)
 
   def observe_batch(self, size, inference_seconds):
     assert inference_seconds >= 0
     self.batches.append(size)
+    self.cutoff.observe_batch(size, inference_seconds)
 
   def observe_reply(self, envid, time):
     self.replies[envid] += 1
+    self.cutoff.observe_reply(envid, time)
 
 
+@pytest.mark.parametrize('name', PRODUCTION)
 @pytest.mark.parametrize('workers', [1, 2])
-def test_replies_are_routed_by_value_in_varying_batches(workers):
+def test_replies_are_routed_by_value_in_varying_batches(workers, name):
   handler = Doubler(delay=0.003)
-  policy = Recording(2, 4, 0.005)
+  policy = Recording(production_cutoff(name, 2, 4))
   with serving(handler, policy, workers=workers) as (server, addr):
     with connected(addr, count=6) as clients:
       assert not run_clients(clients, steps=25)
@@ -228,7 +215,7 @@ def test_replies_are_routed_by_value_in_varying_batches(workers):
 
 
 def test_stats_reset_on_read():
-  with serving(Doubler(), cutofflib.MinMaxTimeout(1, 4, 0.01)) as (server, addr):
+  with serving(Doubler(), production_cutoff('ver')) as (server, addr):
     with connected(addr) as (client,):
       x = np.arange(3)
       assert np.array_equal(result(client.act({'x': x}))['y'], 2 * x)
@@ -238,22 +225,27 @@ def test_stats_reset_on_read():
   assert second['latency_ms/p99'] == 0.0
 
 
-def test_fewer_clients_than_min_batch_still_progress():
-  """The timeout is what portal.BatchServer lacks: 2 clients, min batch 8."""
+@pytest.mark.parametrize('name', PRODUCTION)
+def test_fewer_clients_than_min_batch_still_progress(name):
+  """What portal.BatchServer lacks: 2 clients, min batch 8."""
   handler = Doubler()
-  with serving(handler, cutofflib.MinMaxTimeout(8, 8, 0.01)) as (server, addr):
+  with serving(handler, production_cutoff(name, 8, 8, 0.01)) as (
+      server, addr):
     with connected(addr, count=2) as clients:
       assert not run_clients(clients, steps=5)
     stats = server.stats()
-  assert stats['cut/timeout'] == len(handler.sizes)
+  cuts = {k: v for k, v in stats.items() if k.startswith('cut/')}
+  assert sum(cuts.values()) == len(handler.sizes) == stats['batches']
+  assert not cuts.get('cut/min') and not cuts.get('cut/max'), cuts
   assert max(handler.sizes) <= 2
 
 
 # ------------------------------------------------------------------ faults
 
-def test_invalid_requests_error_only_their_caller():
+@pytest.mark.parametrize('name', PRODUCTION)
+def test_invalid_requests_error_only_their_caller(name):
   handler = Doubler()
-  with serving(handler, cutofflib.MinMaxTimeout(1, 4, 0.005)) as (server, addr):
+  with serving(handler, production_cutoff(name)) as (server, addr):
     with connected(addr, count=4) as clients:
       bad, good = clients[0], clients[1:]
       outcome = {}
@@ -283,7 +275,7 @@ def test_invalid_requests_error_only_their_caller():
 
 def test_client_disconnecting_while_queued_is_dropped():
   handler = Doubler()
-  with serving(handler, cutofflib.Fixed(2)) as (server, addr):
+  with serving(handler, preemption.Fixed(2)) as (server, addr):
     with connected(addr) as (leaver,):
       wait_until(lambda: len(server.connections) == 1)  # Accepted.
       leaver_addr, = server.connections
@@ -304,9 +296,9 @@ def test_handler_exception_errors_that_batch_only():
     if any(r.data['x'][0] < 0 for r in requests):
       raise ValueError('boom: negative input')
     return [{'y': r.data['x'] * 2} if r.data['x'][0] != 13
-            else KeyError('unlucky') for r in requests]
+            else KeyError('unlucky') for r in requests], None
 
-  with serving(handler, cutofflib.Fixed(2)) as (server, addr):
+  with serving(handler, preemption.Fixed(2)) as (server, addr):
     with connected(addr, count=2) as (a, b):
       poisoned = a.act({'x': np.array([-1])})
       innocent = b.act({'x': np.array([5])})
@@ -346,9 +338,9 @@ def raw_connection(addr, handshake=b'portal_handshake'):
   return sock
 
 
-def test_garbage_on_the_wire_costs_only_that_connection():
-  with serving(Doubler(), cutofflib.MinMaxTimeout(1, 4, 0.005)) as (
-      server, addr):
+@pytest.mark.parametrize('name', PRODUCTION)
+def test_garbage_on_the_wire_costs_only_that_connection(name):
+  with serving(Doubler(), production_cutoff(name)) as (server, addr):
     with connected(addr, count=2) as clients:
       assert not run_clients(clients, steps=3)
       with contextlib.closing(raw_connection(addr)) as sock:
@@ -381,7 +373,7 @@ def test_garbage_on_the_wire_costs_only_that_connection():
 def test_closing_the_server_disconnects_waiting_clients():
   """A request stuck in a Fixed(2) queue when the server closes: the
   unmodified portal.Client reports Disconnected, as with portal's servers."""
-  with serving(Doubler(), cutofflib.Fixed(2)) as (server, addr):
+  with serving(Doubler(), preemption.Fixed(2)) as (server, addr):
     with connected(addr) as (client,):
       future = client.act({'x': np.array([1])})
       wait_until(lambda: server.stats()['pending'] == 1)
@@ -392,7 +384,7 @@ def test_closing_the_server_disconnects_waiting_clients():
 
 def test_server_binds_loopback_for_localhost():
   server = BatchServer(
-      f'localhost:{free_port()}', Doubler(), cutofflib.Fixed(1), logging=False)
+      f'localhost:{free_port()}', Doubler(), preemption.Fixed(1), logging=False)
   try:
     assert server.socket.addr[0] == '127.0.0.1'
   finally:
@@ -404,10 +396,11 @@ def test_multi_env_call_is_split_into_rows_and_replied_stacked():
 
   def handler(requests):
     seen.append(sorted(r.envid for r in requests))
-    return [{'y': np.asarray(r.data['x']) * 10 + r.envid} for r in requests]
+    return [{'y': np.asarray(r.data['x']) * 10 + r.envid}
+            for r in requests], None
 
   # max 2 rows per batch: a 3-env call must span two batches.
-  with serving(handler, cutofflib.MinMaxTimeout(1, 2, 0.0)) as (_, addr):
+  with serving(handler, production_cutoff('ver', 1, 2)) as (_, addr):
     with connected(addr) as (client,):
       data = {'envid': np.array([4, 5, 6]), 'x': np.array([1.0, 2.0, 3.0])}
       reply = result(client.act(data))
@@ -432,9 +425,9 @@ def test_lanes_each_cut_their_own_connections_batches():
     for request in requests:
       lanes[request.lane].add(int(request.data['x'][0]))
     return [{'y': r.data['x'] * 2, 'n': np.array(len(requests))}
-            for r in requests]
+            for r in requests], None
 
-  policies = [cutofflib.Fixed(2), cutofflib.Fixed(1)]
+  policies = [preemption.Fixed(2), preemption.Fixed(1)]
   with serving(handler, policies) as (server, addr):
     with connected(addr, count=2) as (a, b):
       ra = a.act({'x': np.array([1])})

@@ -1,26 +1,25 @@
 """The actor: turns a batch of env requests into actions.
 
-Per-env RSSM carries live in one device-resident table `[slots + 1, ...]`
-indexed by env slot (the extra last row absorbs the padding rows). The jitted
-step gathers the batch's rows, runs the policy, and scatters the new carries
-back into the donated table, so no per-env Python tree work happens on the
-hot path: the host only copies observations in and actions out.
+`handle` is the batch server's handler: it checks each request against the
+observation space, runs the policy of the request's lane on the valid rows
+and returns one reply (or error) per request, with the batch's transitions
+as the context that `post` ships once the replies are out.
 
-With several policy devices (the params store's copies), each device is a
-lane with its own table and slots; the batch server routes each connection
-to one lane (`Request.lane`), so an env's carry stays on one device.
+Each policy device is a lane (`carries.CarryLane`) with its own carry table
+and slots; the batch server routes each connection to one lane
+(`Request.lane`), so an env's carry stays on one device.
 """
 
 import collections
 import itertools
-import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dreamer_ver.agent.agent import POLICY_MODULES
+from dreamer_ver.actor.carries import CarryLane
+from dreamer_ver.actor.shipping import Shipper
+from dreamer_ver.agent.agent import policy_params
 
 META_KEYS = ('envid', 'is_eval')
 MAX_ENVID = 2 ** 31 - 1
@@ -30,20 +29,10 @@ class RequestError(ValueError):
   """A request that does not match the observation space."""
 
 
-class Lane:
-  """One policy device's share of the actor: its carry table and the slots
-  of the env ids it serves."""
-
-  def __init__(self, index, table):
-    self.index = index
-    self.table = table
-    self.slot_of = collections.OrderedDict()  # envid -> slot, oldest first
-    self.lock = threading.Lock()
-
-
 class Actor:
   """`handle` and `post` are the batch server's handler and postfn. One
-  lane per device of `params_store`."""
+  lane per device of `params_store`; `replay` and `logger` are the clients
+  the transitions are shipped to (or None)."""
 
   def __init__(self, agent, params_store, slots, buckets, seed=0,
                mode='sample', replay=None, logger=None):
@@ -53,21 +42,13 @@ class Actor:
     self.buckets = sorted(set(int(b) for b in buckets))
     self.mode = mode
     self.obs_space = agent.obs_space
-    self.lanes = []
-    for i, device in enumerate(params_store.devices):
-      table = agent.init_carry(self.slots + 1)  # donated: one per lane
-      if device is not None:
-        table = jax.device_put(table, device)
-      self.lanes.append(Lane(i, table))
+    # One table per lane: the jitted step donates it.
+    self.lanes = [
+        CarryLane(i, agent.init_carry(self.slots + 1), self.slots, device)
+        for i, device in enumerate(params_store.devices)]
     self.key = jax.random.PRNGKey(seed)
     self._batch_numbers = itertools.count()  # one PRNG stream per batch
-    self.replay = replay  # client.Client of the replay server, or None
-    self.logger = logger  # client.Client of the logger server, or None
-    self.pending = {}  # id(requests) -> transitions, from handle to post
-    self.served = 0  # train env steps served (eval rows excluded)
-    self.post_errors = 0  # add_batch / tran calls that came back failed
-    self._missed = {}  # envid -> its rows the logger has not received
-    self._post_lock = threading.Lock()  # post() runs on every worker thread
+    self.shipper = Shipper(replay, logger)
     self.version = 0  # params version of the latest batch
     self._step = jax.jit(self._step_fn, donate_argnums=(1,))
 
@@ -84,7 +65,7 @@ class Actor:
       for size in self.buckets:
         obs = {k: np.zeros((size, *s.shape), s.dtype)
                for k, s in self.obs_space.items()}
-        slots = np.full((size,), self.slots, np.int32)
+        slots = np.full((size,), lane.padding, np.int32)
         for _ in range(2):  # The second call measures the compiled step.
           start = time.perf_counter()
           acts, _ = self.forward(lane, params, slots, obs, self.key)
@@ -95,7 +76,8 @@ class Actor:
   # -------------------------------------------------------------- serving
 
   def handle(self, requests):
-    """Batcher handler: one reply (or exception) per request, in order."""
+    """Batch server handler: (one reply or exception per request, in order;
+    the transitions for `post`, or None when no request was valid)."""
     replies = [None] * len(requests)
     valid = []
     for i, request in enumerate(requests):
@@ -113,63 +95,20 @@ class Actor:
               'may only have one request in flight')
     valid = [i for i in valid if replies[i] is None]
     if not valid:
-      return replies
+      return replies, None
     datas = [requests[i].data for i in valid]
     trans = self.step(datas, requests[0].lane)
     for row, i in enumerate(valid):
       reply = {k: trans[k][row] for k in self.agent.act_space}
       reply['reset'] = trans['is_last'][row]
       replies[i] = reply
-    self.pending[id(requests)] = (trans, _log_keys(datas))
-    return replies
+    return replies, (trans, _log_keys(datas))
 
-  def post(self, requests, replies):
-    """After the replies are out: ship the valid rows' transitions to replay
-    and logger. The clients' bounded in-flight calls are the back-pressure:
-    a full replay (limiter) slows the actor down, never loses data."""
-    del replies
-    entry = self.pending.pop(id(requests), None)
-    if entry is None:
-      return
-    trans, logs = entry
-    with self._post_lock:
-      self.served += int((~trans['is_eval']).sum())
-    if self.replay is not None:
-      self._watch(self.replay.add_batch(trans), 'replay.add_batch')
-    if self.logger is not None:
-      self._post_log(trans, logs)
-
-  def _post_log(self, trans, logs):
-    """Sends the rows to the logger with, per row, how many earlier rows of
-    that env it missed (the link drops batches when the logger lags), so
-    the logger still counts every env step and never logs an episode with
-    a hole in it."""
-    envids = trans['envid'].tolist()
-    with self._post_lock:
-      missed = [self._missed.pop(e, 0) for e in envids]
-    future = self.logger.tran(
-        {**trans, **logs, 'missed': np.array(missed, np.int64)})
-
-    def done(future):
-      if future.exception() is not None:  # These rows are missed too.
-        with self._post_lock:
-          for envid, count in zip(envids, missed):
-            self._missed[envid] = self._missed.get(envid, 0) + count + 1
-    future.add_done_callback(done)
-    self._watch(future, 'logger.tran')
-
-  def _watch(self, future, what):
-    """Nobody waits for the posts' replies; a failed one is counted and
-    the first few are printed, so a rejected batch is never silent."""
-    def done(future):
-      error = future.exception()
-      if error is not None:
-        with self._post_lock:
-          self.post_errors += 1
-          count = self.post_errors
-        if count <= 5:
-          print(f'[actor] {what} failed: {error}', flush=True)
-    future.add_done_callback(done)
+  def post(self, requests, context):
+    """Batch server postfn: ships the transitions of a served batch."""
+    del requests
+    if context is not None:
+      self.shipper.ship(*context)
 
   def step(self, datas, lane=0):
     """Runs the policy of lane `lane` on a list of valid request dicts.
@@ -185,8 +124,8 @@ class Actor:
     envids = np.array([int(d['envid']) for d in datas], np.int64)
     lane = self.lanes[lane]
     with lane.lock:
-      slots = np.full((size,), self.slots, np.int32)
-      slots[:n] = [self._slot(lane, e) for e in envids]
+      slots = np.full((size,), lane.padding, np.int32)
+      slots[:n] = [lane.slot(e) for e in envids]
       params, version = self.params.latest(lane.index)
       self.version = version
       key = jax.random.fold_in(self.key, next(self._batch_numbers))
@@ -207,7 +146,7 @@ class Actor:
     actions and outputs on the device; the caller holds `lane.lock` if
     other threads serve the lane."""
     lane.table, acts, outs = self._step(
-        self._policy_params(params), lane.table, slots, obs, key)
+        policy_params(params), lane.table, slots, obs, key)
     return acts, outs
 
   def max_request_bytes(self, margin=1 << 20):
@@ -221,34 +160,15 @@ class Actor:
 
   def _step_fn(self, params, table, slots, obs, key):
     carry = jax.tree.map(lambda x: x[slots], table)
-    carry, acts, outs = self.agent._policy(params, carry, obs, key, self.mode)
+    carry, acts, outs = self.agent.policy_step(params, carry, obs, key, self.mode)
     table = jax.tree.map(lambda t, c: t.at[slots].set(c), table, carry)
     return table, acts, outs
-
-  @staticmethod
-  def _policy_params(params):
-    return {k: params[k] for k in POLICY_MODULES}
 
   def _bucket(self, n):
     for size in self.buckets:
       if size >= n:
         return size
     raise RequestError(f'batch of {n} exceeds the largest bucket {self.buckets[-1]}')
-
-  def _slot(self, lane, envid):
-    """Slot of an env id in a lane's table; a new id takes a free slot or
-    the least recently used one (its carry is reset anyway by that env's
-    is_first)."""
-    slot_of = lane.slot_of
-    if envid in slot_of:
-      slot_of.move_to_end(envid)
-      return slot_of[envid]
-    if len(slot_of) < self.slots:
-      slot = len(slot_of)
-    else:
-      _, slot = slot_of.popitem(last=False)
-    slot_of[envid] = slot
-    return slot
 
   def _check(self, data):
     if not isinstance(data, dict):

@@ -5,12 +5,21 @@ stragglers hold back everyone and fewer live clients than N hang it. This
 server speaks portal's request/response framing on portal's own ServerSocket
 (hardened: `server_socket.py`), so an unmodified `portal.Client` talks to it
 (errors arrive as RuntimeError, a closed server as Disconnected), but it
-keeps its own queue and asks a cutoff policy (`cutoff.py`) when the queue
-becomes a batch.
+keeps its own queue and asks a cutoff policy when the queue becomes a batch.
 
   receive thread:   socket -> decode -> Request -> its lane's pending queue
-  worker threads:   policy.decide(pending) -> handler(batch) -> replies
-                    -> policy.observe_*(...) -> postfn(batch, replies)
+  worker threads:   cutoff.decide(pending) -> handler(batch) -> replies
+                    -> cutoff.observe_*(...) -> postfn(batch, context)
+
+A cutoff policy is any object with these methods (the actor's preemption
+module provides them; all calls happen under the server's lock, with times
+from time.monotonic(), so a policy needs no locking and no clock of its own):
+
+  decide(pending, now) -> (count, reason) to dispatch the `count` oldest
+      requests now | seconds to wait at most | None to wait for a request
+  observe_batch(size, inference_seconds)   after each handler call
+  observe_reply(envid, time)               after each reply is sent
+  stats() -> dict                          optional, merged into stats()
 
 Given several cutoff policies, the server runs that many lanes (one per
 policy device): each has its own queue, policy and worker threads, so each
@@ -31,10 +40,11 @@ import traceback
 
 import numpy as np
 
-from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
+from .server_socket import BadCall, ServerSocket, parse_call
 
 # Recent samples kept for the percentiles between two stats() calls.
 _SAMPLES = 65536
+_FAILED = object()  # the context of a batch whose handler raised
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -87,16 +97,16 @@ class Group:
 class BatchServer:
   """Serves one method; `handler` gets batches chosen by `cutoff`.
 
-  handler(requests: list[Request]) -> list, one entry per request: a reply
-    (a dict of numpy arrays, sent to that caller) or an Exception instance
-    (sent to that caller only, as an error with its message). If the handler
-    raises, every request of that batch gets the error.
-  postfn(requests, replies): optional; runs on the same worker thread after
+  handler(requests: list[Request]) -> (replies, context): one reply per
+    request (a dict of numpy arrays, sent to that caller, or an Exception
+    instance, sent to that caller only as an error with its message), and
+    anything the postfn needs. If the handler raises, every request of that
+    batch gets the error and the postfn is not called.
+  postfn(requests, context): optional; runs on the same worker thread after
     the replies went out (e.g. to ship transitions). With workers > 1, calls
     from different workers may overlap and finish out of order.
-  cutoff: a cutoff.Cutoff, or a list of them: one lane each, every lane
-    with `workers` threads of its own. All cutoff calls happen under the
-    server's lock.
+  cutoff: a cutoff policy (see the module docstring), or a list of them:
+    one lane each, every lane with `workers` threads of its own.
   """
 
   def __init__(
@@ -108,7 +118,7 @@ class BatchServer:
     cutoffs = list(cutoff) if isinstance(cutoff, (list, tuple)) else [cutoff]
     if not cutoffs:
       raise ValueError('need at least one cutoff policy')
-    self.lanes = [_Lane(i, c) for i, c in enumerate(cutoffs)]
+    self.lanes = [_Queue(i, c) for i, c in enumerate(cutoffs)]
     self.postfn = postfn
     self.method = method
     self.envid_key = envid_key
@@ -116,7 +126,7 @@ class BatchServer:
     self.error = None  # Set if the socket or a loop failed; serving stops.
     self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
     self._cond = threading.Condition()
-    self._lane_of = {}  # addr -> the _Lane serving that connection
+    self._lane_of = {}  # addr -> the _Queue serving that connection
     self._disconnects = 0  # socket.disconnects when the queue was last pruned
     self._stats = _Stats()
     self._running = False
@@ -322,14 +332,15 @@ class BatchServer:
   def _serve(self, lane, batch):
     start = time.monotonic()
     try:
-      replies = list(self.handler(batch))
+      replies, context = self.handler(batch)
+      replies = list(replies)
       if len(replies) != len(batch):
         raise ValueError(
             f'handler returned {len(replies)} replies for {len(batch)} '
             'requests')
     except Exception as e:
       traceback.print_exc()
-      replies = [e] * len(batch)
+      replies, context = [e] * len(batch), _FAILED
     inference = time.monotonic() - start
     sent, errors, replied = [], 0, []  # replied: env ids whose call is done
     for request, reply in zip(batch, replies):
@@ -348,9 +359,9 @@ class BatchServer:
         lane.cutoff.observe_reply(envid, now)
       self._stats.served(batch, sent, inference, errors)
       self._cond.notify_all()
-    if self.postfn:
+    if self.postfn and context is not _FAILED:
       try:
-        self.postfn(batch, replies)
+        self.postfn(batch, context)
       except Exception:
         traceback.print_exc()
         with self._cond:
@@ -377,9 +388,9 @@ class BatchServer:
         self._cond.notify_all()
 
 
-class _Lane:
-  """One lane of the server: its queue, its cutoff policy, and the
-  connections routed to it."""
+class _Queue:
+  """One lane of the server: its pending requests, its cutoff policy, and
+  the connections routed to it."""
 
   def __init__(self, index, cutoff):
     self.index = index

@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from dreamer_ver.runtime import cutoff
+from dreamer_ver.actor import preemption
 
 Req = collections.namedtuple('Req', 'arrival envid')
 
@@ -12,7 +12,7 @@ Req = collections.namedtuple('Req', 'arrival envid')
 def trained(envs, step_time, inference, now=0.0, **kw):
   """A Preempt policy that has seen `envs` step `step_time` apart for a
   few rounds and batches of every bucket take `inference` seconds."""
-  policy = cutoff.Preempt(1, 16, [1, 2, 4, 8, 16],
+  policy = preemption.Preempt(1, 16, [1, 2, 4, 8, 16],
                           inference={b: inference for b in (1, 2, 4, 8, 16)},
                           **kw)
   t = now - 10 * step_time
@@ -38,7 +38,7 @@ def test_waits_when_an_arrival_is_imminent_and_worth_it():
   assert decision == pytest.approx(0.001, abs=2e-4)
   # When it arrives, both go in one batch.
   decision = policy.decide([Req(now, 0), Req(now + 0.001, 1)], now + 0.001)
-  assert decision == cutoff.Cut(2, 'optimum')
+  assert decision == preemption.Cut(2, 'optimum')
 
 
 def test_cuts_when_waiting_is_not_worth_it():
@@ -47,7 +47,7 @@ def test_cuts_when_waiting_is_not_worth_it():
   policy, t = trained([0, 1], step_time=0.010, inference=0.0005)
   policy.observe_reply(1, t + 0.008)
   now = t + 0.010
-  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
 @pytest.mark.parametrize('due_ms, waits', [(1.5, True), (2.5, False)])
@@ -63,7 +63,7 @@ def test_waits_only_while_an_arrival_beats_a_second_batch(due_ms, waits):
   if waits:
     assert decision == pytest.approx(due_ms / 1000, abs=2e-4)
   else:
-    assert decision == cutoff.Cut(1, 'optimum')
+    assert decision == preemption.Cut(1, 'optimum')
 
 
 def test_waits_price_in_how_much_past_waits_overran():
@@ -76,7 +76,7 @@ def test_waits_price_in_how_much_past_waits_overran():
   assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0015, abs=2e-4)
   for _ in range(8):
     policy.wait_errors.add(0.001)
-  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
 def test_cuts_now_when_arrivals_are_spread_out():
@@ -88,7 +88,7 @@ def test_cuts_now_when_arrivals_are_spread_out():
   for env in range(1, 5):
     policy.observe_reply(env, t + 0.002 * env)
   now = t + 0.010
-  assert policy.decide([Req(now, 0)], now) == cutoff.Cut(1, 'optimum')
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
 def test_never_exceeds_latency_cap_or_max():
@@ -100,10 +100,10 @@ def test_never_exceeds_latency_cap_or_max():
   # Expensive inference makes waiting attractive, but never past the cap.
   decision = policy.decide([Req(now - 0.004, 0)], now)
   assert isinstance(decision, float) and decision <= 0.001 + 1e-9
-  assert policy.decide([Req(now - 0.005, 0)], now) == cutoff.Cut(1, 'latency_cap')
-  small = cutoff.Preempt(1, 3, [1, 2, 4], max_wait=1.0)
+  assert policy.decide([Req(now - 0.005, 0)], now) == preemption.Cut(1, 'latency_cap')
+  small = preemption.Preempt(1, 3, [1, 2, 4], max_wait=1.0)
   reqs = [Req(0.0, e) for e in range(5)]
-  assert small.decide(reqs, 0.0) == cutoff.Cut(3, 'max')
+  assert small.decide(reqs, 0.0) == preemption.Cut(3, 'max')
 
 
 def test_forgets_dead_envs_and_ignores_late_ones():
@@ -127,17 +127,17 @@ def test_forgets_dead_envs_and_ignores_late_ones():
 
 
 def test_min_batch_guard_waits_for_adaptive_min_wait():
-  policy = cutoff.Preempt(4, 8, [1, 2, 4, 8], inference={b: 0.010 for b in (1, 2, 4, 8)})
+  policy = preemption.Preempt(4, 8, [1, 2, 4, 8], inference={b: 0.010 for b in (1, 2, 4, 8)})
   policy.observe_batch(1, 0.010)
   # No predictions yet: the optimum is "now", but 1 < min_batch and the
   # request has waited less than half the mean inference time.
   decision = policy.decide([Req(0.0, 0)], 0.001)
   assert isinstance(decision, float) and decision == pytest.approx(0.004)
-  assert policy.decide([Req(0.0, 0)], 0.005) == cutoff.Cut(1, 'optimum')
+  assert policy.decide([Req(0.0, 0)], 0.005) == preemption.Cut(1, 'optimum')
   # As in VER, the minimum wait counts from the last batch: an actor idle
   # for longer than that cuts a lone request at once ...
   policy.observe_reply(0, 0.005)
-  assert policy.decide([Req(0.030, 0)], 0.030) == cutoff.Cut(1, 'optimum')
+  assert policy.decide([Req(0.030, 0)], 0.030) == preemption.Cut(1, 'optimum')
   # ... and one that just replied holds it for the rest of the minimum wait.
   policy.observe_reply(0, 0.031)
   decision = policy.decide([Req(0.032, 0)], 0.032)
@@ -145,25 +145,25 @@ def test_min_batch_guard_waits_for_adaptive_min_wait():
 
 
 def test_ver_rule():
-  policy = cutoff.VER(3, 6, min_wait=0.01, max_wait=0.05)
+  policy = preemption.VER(3, 6, min_wait=0.01, max_wait=0.05)
   assert policy.decide([Req(0.0, 0)], 0.0) == pytest.approx(0.01)
-  assert policy.decide([Req(0.0, e) for e in range(3)], 0.0) == cutoff.Cut(3, 'min')
-  assert policy.decide([Req(0.0, 0)], 0.011) == cutoff.Cut(1, 'min_wait')
+  assert policy.decide([Req(0.0, e) for e in range(3)], 0.0) == preemption.Cut(3, 'min')
+  assert policy.decide([Req(0.0, 0)], 0.011) == preemption.Cut(1, 'min_wait')
   policy.observe_batch(2, 0.004)
   assert policy.min_wait == pytest.approx(0.002)
-  assert policy.decide([Req(0.0, e) for e in range(9)], 0.0) == cutoff.Cut(6, 'max')
+  assert policy.decide([Req(0.0, e) for e in range(9)], 0.0) == preemption.Cut(6, 'max')
 
 
 def test_make_cutoff_modes():
   from dreamer_ver import config as configlib
   cfg = configlib.compose(['debug'])
-  for mode, cls in [('fixed', cutoff.Fixed), ('ver', cutoff.VER),
-                    ('preempt', cutoff.Preempt)]:
+  for mode, cls in [('fixed', preemption.Fixed), ('ver', preemption.VER),
+                    ('preempt', preemption.Preempt)]:
     run = configlib.override(cfg, {'run.actor_cutoff': mode}).run
-    assert isinstance(cutoff.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
-  fixed = cutoff.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
-  assert isinstance(fixed, cutoff.Preempt)  # the default
+    assert isinstance(preemption.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
+  fixed = preemption.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
+  assert isinstance(fixed, preemption.Preempt)  # the default
   assert fixed.min_batch == 3 and fixed.max_batch == 5
   assert fixed.forget == cfg.run.env_timeout == 5.0
   run = configlib.override(cfg, {'run.env_timeout': 0.5}).run
-  assert cutoff.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5
+  assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5

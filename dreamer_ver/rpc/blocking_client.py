@@ -11,13 +11,13 @@ import itertools
 
 from portal.client_socket import Disconnected
 
-from dreamer_ver.runtime import wire
-from dreamer_ver.runtime.process import split_addr
+from . import wire
+from .addresses import HANDSHAKE, split_addr
 
 
-class EnvClient:
+class BlockingClient:
 
-  def __init__(self, addr, handshake=wire.HANDSHAKE, max_msg_size=2 ** 30):
+  def __init__(self, addr, handshake=HANDSHAKE, max_msg_size=2 ** 30):
     self.addr = split_addr(addr)
     self.handshake = handshake
     self.max_msg_size = max_msg_size
@@ -26,7 +26,7 @@ class EnvClient:
     self.early = {}  # replies that arrived before they were asked for
 
   def connect(self, stop, retry=0.1):
-    """Retries until connected; returns False if `stop` (a StopSignal) was
+    """Retries until connected; returns False if `stop` (a threading.Event) was
     set first."""
     self.close()
     self.sock = wire.connect(self.addr, self.handshake, stop, retry)

@@ -7,8 +7,9 @@ import portal
 import pytest
 from portal.client_socket import Disconnected
 
-from dreamer_ver.runtime.env_client import EnvClient
-from dreamer_ver.runtime.process import StopSignal, free_port
+from dreamer_ver.rpc.blocking_client import BlockingClient
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.runtime.process import StopSignal
 
 
 def test_round_trip_errors_and_disconnect_against_portal_server():
@@ -24,7 +25,7 @@ def test_round_trip_errors_and_disconnect_against_portal_server():
   server.bind('act', act)
   server.start(block=False)
   stop = StopSignal(install=False)
-  client = EnvClient(f'127.0.0.1:{port}')
+  client = BlockingClient(f'127.0.0.1:{port}')
   try:
     assert client.connect(stop)
     for i in range(20):
@@ -45,7 +46,7 @@ def test_stop_interrupts_waiting_and_connecting():
   port = free_port()
   stop = StopSignal(install=False)
   stop.set()
-  client = EnvClient(f'127.0.0.1:{port}')
+  client = BlockingClient(f'127.0.0.1:{port}')
   assert client.connect(stop) is False  # Nobody listens; stop ends the retry.
 
 
@@ -60,7 +61,7 @@ def test_connect_retries_when_the_server_resets_during_the_handshake(
   server.bind('act', lambda data: {'y': data['x'] + 1})
   server.start(block=False)
   stop = StopSignal(install=False)
-  client = EnvClient(f'127.0.0.1:{port}')
+  client = BlockingClient(f'127.0.0.1:{port}')
   real = socket.create_connection
   resets = []
 

@@ -16,7 +16,7 @@ import numpy as np
 import portal
 from portal import packlib
 
-from dreamer_ver.runtime.process import server_kwargs, split_addr
+from .addresses import bind_host, split_addr
 
 
 class BadCall(Exception):
@@ -59,11 +59,12 @@ class ServerSocket(portal.ServerSocket):
 
   def __init__(self, addr, name, nodelay=True, **kwargs):
     """Listens on the port of `addr` ('host:port'), on the interface its
-    host names unless `kwargs` say otherwise (`process.server_kwargs`)."""
+    host names unless `host` says otherwise (e.g. `0.0.0.0`)."""
     self.nodelay = nodelay  # Before super() starts the socket thread.
     self.disconnects = 0  # Counts closed connections, for queue pruning.
     _, port = split_addr(addr)
-    super().__init__(port, name, **{**server_kwargs(addr), **kwargs})
+    host = kwargs.pop('host', None) or bind_host(addr)
+    super().__init__(port, name, host=host, ipv6=':' in host, **kwargs)
 
   def send_reply(self, addr, reqnum, value):
     """Sends a method's result; False if the caller got an error instead

@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 
-from dreamer_ver.runtime.server_socket import BadCall, ServerSocket, parse_call
+from .server_socket import BadCall, ServerSocket, parse_call
 
 
 class Server:

@@ -18,8 +18,8 @@
 * Actions: `run.eval_mode`: greedy (the policy's mode, the default) or
   sample (as the train actor does).
   `random_agent: True` acts uniformly at random (a baseline for the same envs).
-* Envs: seeded as the parallel runtime's eval envs
-  (`seed * 100000 + run.envs + i`).
+* Envs: the run's eval envs, ids `run.envs + i`, seeded as in every script
+  (`envs.make_run_env`).
 * Output: one line per episode and a summary on stdout, and one JSON line per
   episode appended to `logdir/eval_scores.jsonl`: step (the checkpoint's env
   steps), env, episode, score, length, eval (true), mode, time.
@@ -34,26 +34,9 @@ import jax
 import numpy as np
 
 from dreamer_ver.agent.agent import Agent
-from dreamer_ver.agent.checkpoint import CheckpointMismatch
-from dreamer_ver.envs import make_env
+from dreamer_ver.agent.checkpoint import Checkpoint, CheckpointMismatch
+from dreamer_ver.envs import make_run_env
 from dreamer_ver.runtime import devices
-from dreamer_ver.runtime.learner import Checkpoint
-
-
-def checkpoint_dir(path):
-  """The folder holding `agent.npz` for a logdir or a checkpoint folder."""
-  path = Path(path)
-  if (path / 'agent.npz').is_file():
-    return path
-  return path / 'ckpt'
-
-
-def open_checkpoint(path):
-  """A `Checkpoint` reading from `checkpoint_dir(path)`."""
-  folder = checkpoint_dir(path)
-  ckpt = Checkpoint(folder.parent)
-  ckpt.directory = folder  # The folder need not be called `ckpt`.
-  return ckpt
 
 
 def episode_shares(episodes, envs):
@@ -67,7 +50,7 @@ def eval_only(config):
   mode = 'random' if config.random_agent else config.run.eval_mode
   logdir = Path(config.logdir)
   source = Path(config.run.from_checkpoint or config.logdir).expanduser()
-  ckpt = open_checkpoint(source)
+  ckpt = Checkpoint(source)
   if not ckpt.exists:
     print(f'error: no checkpoint at {ckpt.directory / "agent.npz"} '
           '(set run.from_checkpoint to a logdir or its ckpt folder)',
@@ -80,9 +63,7 @@ def eval_only(config):
     return 2
 
   count = max(1, min(int(config.run.eval_envs), episodes))
-  envs = [make_env(config.task, config.env,
-                   config.seed * 100_000 + config.run.envs + i)
-          for i in range(count)]
+  envs = [make_run_env(config, config.run.envs + i) for i in range(count)]
   try:
     device = devices.setup(config)[0][0]  # the first policy device
     agent = Agent(envs[0].obs_space, envs[0].act_space, config)

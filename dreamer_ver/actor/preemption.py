@@ -1,7 +1,9 @@
-"""When the batch server turns its pending requests into a batch.
+"""The preemption module: when the actor's batch server cuts a batch.
 
-This is the seam the preemption module plugs into. The batch server asks its
-cutoff policy, every time something changes, what to do with the queue:
+After Habitat VER's preemption decider, moved from rollouts to inference
+batches: slow or dead envs must never hold the fleet back. The batch server
+(`rpc/batch_server.py`) asks its cutoff policy, every time something
+changes, what to do with the queue:
 
   decision = policy.decide(pending, now)
 
@@ -49,36 +51,6 @@ def _check_sizes(min_batch, max_batch):
   if not 1 <= min_batch <= max_batch:
     raise ValueError(
         f'need 1 <= min_batch <= max_batch, got {min_batch}, {max_batch}')
-
-
-class MinMaxTimeout(Cutoff):
-  """Dispatch once `min_batch` are queued or the oldest waited `timeout`.
-
-  Never more than `max_batch` at once. The timeout is the latency cap that
-  keeps stragglers from holding back the requests already queued, and lets a
-  run with fewer live envs than `min_batch` make progress.
-  """
-
-  def __init__(self, min_batch, max_batch, timeout):
-    _check_sizes(min_batch, max_batch)
-    if timeout < 0:
-      raise ValueError(f'timeout must be >= 0, got {timeout}')
-    self.min_batch = min_batch
-    self.max_batch = max_batch
-    self.timeout = timeout
-
-  def decide(self, pending, now):
-    count = len(pending)
-    if not count:
-      return None
-    if count >= self.max_batch:
-      return Cut(self.max_batch, 'max')
-    if count >= self.min_batch:
-      return Cut(count, 'min')
-    remaining = pending[0].arrival + self.timeout - now
-    if remaining <= 0:
-      return Cut(count, 'timeout')
-    return remaining
 
 
 class Fixed(Cutoff):
@@ -392,6 +364,24 @@ def _greedy_cost(free, arrivals, first, infer):
   return cost
 
 
+def max_batch(run, envs, lanes=1):
+  """The most requests one lane batches: `run.actor_max_batch`, or by
+  default the lane's share of the `envs` envs."""
+  return run.actor_max_batch if run.actor_max_batch > 0 else -(-envs // lanes)
+
+
+def bucket_sizes(run, largest):
+  """The padded batch sizes compiled at start-up: `run.actor_buckets`, or
+  powers of two; always up to `largest`."""
+  if list(run.actor_buckets) != [0]:
+    return sorted(set(list(run.actor_buckets) + [largest]))
+  sizes, size = [], 1
+  while size < largest:
+    sizes.append(size)
+    size *= 2
+  return sizes + [largest]
+
+
 def make_cutoff(run, envs, buckets, inference=None, lanes=1):
   """The cutoff policy named by `run.actor_cutoff` with its guard rails,
   for one of `lanes` lanes that share `envs` envs.
@@ -400,19 +390,18 @@ def make_cutoff(run, envs, buckets, inference=None, lanes=1):
   envs, with W the inference threads of all lanes.
   """
   threads = max(1, run.actor_threads) * lanes
-  lane_envs = -(-envs // lanes)
-  max_batch = run.actor_max_batch if run.actor_max_batch > 0 else lane_envs
+  largest = max_batch(run, envs, lanes)
   min_batch = run.actor_min_batch
   if min_batch <= 0:
     min_batch = max(1, int(envs / threads / 1.5))
-  min_batch = min(min_batch, max_batch)
+  min_batch = min(min_batch, largest)
   if run.actor_cutoff == 'fixed':
     batch = run.actor_batch if run.actor_batch > 0 else max(
         1, run.envs // (2 * lanes))
     return Fixed(batch)
   if run.actor_cutoff == 'ver':
-    return VER(min_batch, max_batch, run.actor_min_wait, run.actor_max_wait)
+    return VER(min_batch, largest, run.actor_min_wait, run.actor_max_wait)
   if run.actor_cutoff == 'preempt':
-    return Preempt(min_batch, max_batch, buckets, inference,
+    return Preempt(min_batch, largest, buckets, inference,
                    max_wait=run.actor_max_wait, forget=run.env_timeout)
   raise ValueError(f'unknown run.actor_cutoff {run.actor_cutoff!r}')

@@ -1,0 +1,63 @@
+"""Shipping of served transitions to the replay and logger servers.
+
+After the replies of a batch are out, its transitions go to replay and
+logger through clients with bounded in-flight calls: nobody waits for the
+replies. Back-pressure from replay (its limiter) blocks the replay client,
+so a full replay slows the actor down and never loses data; the logger link
+drops calls when the logger lags, and the rows it missed are reported with
+the next rows of the same env so the logger still counts every env step and
+never logs an episode with a hole in it.
+"""
+
+import threading
+
+import numpy as np
+
+
+class Shipper:
+  """`replay` and `logger`: futures clients (`rpc.client.Client`) or None."""
+
+  def __init__(self, replay=None, logger=None):
+    self.replay = replay
+    self.logger = logger
+    self.served = 0  # train env steps shipped (eval rows excluded)
+    self.errors = 0  # add_batch / tran calls that came back failed
+    self._missed = {}  # envid -> its rows the logger has not received
+    self._lock = threading.Lock()  # ship() runs on every worker thread
+
+  def ship(self, trans, logs):
+    """Sends one batch's transitions (and its `log/` columns to the logger)."""
+    with self._lock:
+      self.served += int((~trans['is_eval']).sum())
+    if self.replay is not None:
+      self._watch(self.replay.add_batch(trans), 'replay.add_batch')
+    if self.logger is not None:
+      self._ship_log(trans, logs)
+
+  def _ship_log(self, trans, logs):
+    envids = trans['envid'].tolist()
+    with self._lock:
+      missed = [self._missed.pop(e, 0) for e in envids]
+    future = self.logger.tran(
+        {**trans, **logs, 'missed': np.array(missed, np.int64)})
+
+    def done(future):
+      if future.exception() is not None:  # These rows are missed too.
+        with self._lock:
+          for envid, count in zip(envids, missed):
+            self._missed[envid] = self._missed.get(envid, 0) + count + 1
+    future.add_done_callback(done)
+    self._watch(future, 'logger.tran')
+
+  def _watch(self, future, what):
+    """A failed call is counted and the first few are printed, so a
+    rejected batch is never silent."""
+    def done(future):
+      error = future.exception()
+      if error is not None:
+        with self._lock:
+          self.errors += 1
+          count = self.errors
+        if count <= 5:
+          print(f'[actor] {what} failed: {error}', flush=True)
+    future.add_done_callback(done)

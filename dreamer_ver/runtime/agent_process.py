@@ -1,0 +1,148 @@
+"""The agent process: the actor's batch server and policy lanes, the learner
+thread, and the loop that logs them until the run is done.
+
+  build_actor(config, agent, store, counters)   -> (Actor, BatchServer)
+  build_learner(config, agent, state, store, ckpt, counters) -> Learner
+  run_agent(config)                              -> builds both and runs
+
+The learner's state lives on the train device; the actor's params copies
+(and so its carry tables, which the jitted step keeps beside them) on the
+policy devices, one inference lane each.
+"""
+
+import threading
+import time
+
+import elements
+import jax
+
+from dreamer_ver.actor import preemption
+from dreamer_ver.actor.actor import Actor
+from dreamer_ver.actor.params import ParamsStore
+from dreamer_ver.agent import checkpoint
+from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.envs import make_env
+from dreamer_ver.rpc.batch_server import BatchServer
+from dreamer_ver.rpc.client import Client
+from dreamer_ver.runtime import devices
+from dreamer_ver.runtime.learner import Learner
+from dreamer_ver.runtime.process import (
+    StopSignal, client_kwargs, server_kwargs, with_token)
+
+
+def build_agent(config):
+  """The agent for the run's task (the spaces of one env, then closed)."""
+  env = make_env(config.task, config.env)
+  try:
+    return Agent(env.obs_space, env.act_space, config)
+  finally:
+    env.close()
+
+
+def build_actor(config, agent, store, counters):
+  """The actor with its links to replay and logger, compiled on every
+  policy device, and its (not yet started) batch server."""
+  run = config.run
+  envs = run.envs + run.eval_envs
+  largest = preemption.max_batch(run, envs)
+  actor = Actor(
+      agent, store, slots=max(envs, largest),
+      buckets=preemption.bucket_sizes(run, largest), seed=config.seed,
+      replay=Client(run.replay_addr, 'ActorReplay', maxinflight=8,
+                    **client_kwargs(config)),
+      logger=Client(run.logger_addr, 'ActorLogger', maxinflight=8,
+                    when_full='drop', **client_kwargs(config)))
+  actor.shipper.served = counters['steps']
+  inference = actor.compile()  # seconds per bucket, one dict per lane
+  for lane, times in enumerate(inference):
+    print(f'Policy compiled on {store.devices[lane]}; inference ms per '
+          f'bucket:', {k: round(v * 1000, 2) for k, v in times.items()})
+  cutoffs = [
+      preemption.make_cutoff(run, envs, actor.buckets, times, len(inference))
+      for times in inference]
+  server = BatchServer(
+      run.actor_addr, actor.handle, cutoffs, postfn=actor.post,
+      workers=run.actor_threads, name='Actor',
+      max_msg_size=actor.max_request_bytes(), **server_kwargs(config))
+  return actor, server
+
+
+def build_learner(config, agent, state, store, ckpt, counters, logger):
+  """The learner on the train device, compiled."""
+  learner = Learner(
+      agent, state, store, config,
+      replay=Client(config.run.replay_addr, 'LearnerReplay', maxinflight=8,
+                    **client_kwargs(config)),
+      logger=logger, ckpt=ckpt, counters=counters)
+  learner.compile()
+  print('Learner compiled.')
+  return learner
+
+
+def run_agent(config):
+  """Serves and trains until `run.steps` env steps are served, `run.duration`
+  seconds passed, or SIGINT/SIGTERM; saves the agent checkpoint; returns 0."""
+  config = with_token(config)
+  run = config.run
+  stop = StopSignal()
+  policy_devices, train_device = devices.setup(config)
+  agent = build_agent(config)
+  ckpt, state, counters = checkpoint.restore(agent, config)
+  state = jax.device_put(state, train_device)
+  store = ParamsStore(policy_params(state['params']), counters['version'],
+                      devices=policy_devices)
+  actor, server = build_actor(config, agent, store, counters)
+  logger = Client(run.logger_addr, 'LearnerLogger', maxinflight=2,
+                  when_full='drop', **client_kwargs(config))
+  learner = build_learner(config, agent, state, store, ckpt, counters, logger)
+  shipper = actor.shipper
+  start = time.monotonic()
+  done = lambda: bool(stop) or shipper.served >= run.steps or (
+      run.duration > 0 and time.monotonic() - start >= run.duration)
+  server.start()
+
+  def learn():
+    should_save = elements.when.Clock(run.save_every)
+    def stop_or_save():
+      if should_save():
+        counters['steps'] = shipper.served
+        learner.save()
+      return done()
+    learner.run(stop_or_save)
+
+  learner_thread = threading.Thread(target=learn, name='Learner', daemon=True)
+  learner_thread.start()
+  should_log = elements.when.Clock(run.log_every)
+  fps = elements.FPS()
+  last = shipper.served
+  while not done():
+    stop.wait(0.2)
+    fps.step(shipper.served - last)
+    last = shipper.served
+    if should_log():
+      stats = actor_stats(server.stats())
+      stats['fps/policy'] = fps.result()
+      stats['actor/served'] = shipper.served
+      # Updates the learner made since the params of the latest batch.
+      stats['actor/policy_lag'] = store.version - actor.version
+      logger.add(stats)
+
+  server.close()
+  learner_thread.join()
+  counters['steps'] = shipper.served
+  learner.save()
+  print(f'Agent saved at step {shipper.served}.')
+  for client in (shipper.replay, shipper.logger, learner.replay, logger):
+    client.close(timeout=1)
+  return 0
+
+
+def actor_stats(stats):
+  """The batch server's stats as logger scalars; the batch-size histogram
+  becomes one count per size (`actor/batch_size/007`, zero-padded so the
+  keys sort by size)."""
+  scalars = {f'actor/{k}': v for k, v in stats.items()
+             if isinstance(v, (int, float))}
+  for size, count in stats.get('batch_sizes', {}).items():
+    scalars[f'actor/batch_size/{size:03d}'] = count
+  return scalars

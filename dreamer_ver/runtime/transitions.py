@@ -1,0 +1,39 @@
+"""The shape every transition batch on the wire has, checked in one place.
+
+A batch is a dict of arrays with one row per env step: `envid` is an int
+array [N] and every other value has N rows. The replay and logger servers
+check it before touching their state, so a malformed batch changes nothing
+and its caller gets an error naming the key.
+"""
+
+import collections.abc
+
+import numpy as np
+
+
+def check_rows(trans, method, required=()):
+  """{key: array} of `trans`, or TypeError / ValueError naming `method`,
+  the key, and what was expected."""
+  if not isinstance(trans, collections.abc.Mapping):
+    raise TypeError(
+        f'{method} expects a dict of arrays, got {type(trans).__name__}.')
+  missing = [key for key in ('envid', *required) if key not in trans]
+  if missing:
+    raise ValueError(
+        f'{method}: missing keys {missing}; received keys {sorted(trans)}.')
+  arrays = {key: np.asarray(value) for key, value in trans.items()}
+  envid = arrays['envid']
+  if envid.ndim != 1 or not np.issubdtype(envid.dtype, np.integer):
+    raise ValueError(
+        f"{method}: 'envid' must be an int array [N], received "
+        f'{envid.dtype} {envid.shape}.')
+  count = len(envid)
+  for key, value in arrays.items():
+    if value.ndim == 0 or value.shape[0] != count:
+      received = value.shape[0] if value.ndim else 'a scalar'
+      raise ValueError(
+          f'{method}: key {key!r}: expected leading dim N={count} (from '
+          f"'envid'), received {received} (shape {value.shape}).")
+    if value.dtype == object:
+      raise ValueError(f'{method}: key {key!r} has dtype object.')
+  return arrays

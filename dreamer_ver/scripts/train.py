@@ -1,0 +1,112 @@
+"""`--script train`: the whole loop in one process, envs stepped in turn.
+
+The simplest way to train: no sockets, no threads. It shares everything but
+the transport with the parallel runtime -- env seeds, the agent and its
+checkpoint, the replay and its limiter (`run.train_ratio`), and the logger
+service that counts steps and episodes and writes `metrics.jsonl` and
+`scores.jsonl` -- so it is also the reference the parallel runtime is
+compared against.
+"""
+
+import collections
+import json
+import time
+from pathlib import Path
+
+import elements
+import jax
+import numpy as np
+
+from dreamer_ver.agent import checkpoint
+from dreamer_ver.agent.agent import Agent
+from dreamer_ver.envs import make_run_env
+from dreamer_ver.files import write_json
+from dreamer_ver.replay import build
+from dreamer_ver.runtime import devices
+from dreamer_ver.runtime.logger_server import LoggerService
+
+
+def train(config):
+  logdir = Path(config.logdir)
+  run = config.run
+  _, device = devices.setup(config)  # one process: policy and learner share it
+  envs = [make_run_env(config, i) for i in range(run.envs)]
+  agent = Agent(envs[0].obs_space, envs[0].act_space, config)
+  ckpt, state, counters = checkpoint.restore(agent, config)
+  state = jax.device_put(state, device)
+  replay = build.train_replay(config, logdir)
+  replay.load()
+  limiter = build.make_limiter(config)
+  limiter_path = logdir / 'ckpt' / 'replay.json'
+  if limiter_path.exists():
+    limiter.load(json.loads(limiter_path.read_text())['limiter'])
+  logger = LoggerService(config)
+  logger.load()
+
+  carry = agent.init_carry(len(envs))
+  train_carry = agent.init_carry(config.batch_size)
+  acts = {k: np.zeros((len(envs), *s.shape), s.dtype)
+          for k, s in envs[0].act_space.items()}
+  acts['reset'][:] = True
+  envids = np.arange(len(envs))
+  key = jax.random.PRNGKey(config.seed)
+  metrics = collections.defaultdict(list)
+  should_log = elements.when.Clock(run.log_every)
+  should_save = elements.when.Clock(run.save_every)
+  fps_policy, fps_train = elements.FPS(), elements.FPS()
+  start = time.monotonic()
+
+  def save():
+    ckpt.save(state, counters)
+    replay.save(wait=True)
+    write_json(limiter_path, {'limiter': limiter.save()})
+    logger.save()
+
+  while counters['steps'] < run.steps and not (
+      run.duration > 0 and time.monotonic() - start >= run.duration):
+    obs = [env.step({k: v[i] for k, v in acts.items()})
+           for i, env in enumerate(envs)]
+    obs = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+    logs = {k: v for k, v in obs.items() if k.startswith('log/')}
+    obs = {k: v for k, v in obs.items() if not k.startswith('log/')}
+    key, policy_key = jax.random.split(key)
+    carry, act, outs = agent.policy(state['params'], carry, obs, policy_key)
+    act, outs = jax.device_get((act, outs))
+    acts = {**act, 'reset': obs['is_last'].copy()}
+    for i in range(len(envs)):
+      replay.add({k: v[i] for k, v in {**obs, **act, **outs}.items()},
+                 worker=i)
+    limiter.insert(len(envs))
+    logger.tran({**obs, **logs, 'envid': envids,
+                 'is_eval': np.zeros(len(envs), bool)})
+    counters['steps'] += len(envs)
+    fps_policy.step(len(envs))
+
+    # One thread: sample only what the replay holds, or it would wait forever.
+    while len(replay) and limiter.want_sample()[0]:
+      limiter.sample(config.batch_size)  # The limiter counts sequences.
+      batch = replay.sample(config.batch_size)
+      state, train_carry, outs, mets = agent.train(state, train_carry, batch)
+      replay.update(jax.device_get(outs['replay']))
+      counters['version'] += 1
+      fps_train.step(config.batch_size * config.batch_length)
+      for k, v in mets.items():
+        metrics[k].append(v)
+
+    if should_log():
+      logger.add({f'train/{k}': np.mean(jax.device_get(v))
+                  for k, v in metrics.items()})
+      logger.add({'fps/policy': fps_policy.result(),
+                  'fps/train': fps_train.result(),
+                  'replay/size': len(replay),
+                  'train/updates': counters['version']})
+      logger.write()
+      metrics.clear()
+    if should_save():
+      save()
+
+  save()
+  replay.close()
+  logger.write()
+  for env in envs:
+    env.close()
