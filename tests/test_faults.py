@@ -361,3 +361,27 @@ def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
     assert children.procs['env0'] is proc and not children.restarts
   finally:
     children.stop_all()
+
+
+def _crash(config):
+  """A child that fails at once."""
+  del config
+  return 3
+
+
+def test_restart_policy_is_a_parameter_of_start(tmp_path):
+  from types import SimpleNamespace
+  from dreamer_ver.runtime.supervisor import Children
+  children = Children(backoff=(0.0, 0.0))
+  config = SimpleNamespace(logdir=str(tmp_path))
+  kept = children.start('kept', f'{__name__}:_crash', config)
+  left = children.start('left', f'{__name__}:_crash', config, restart=False)
+  try:
+    kept.join(60)
+    left.join(60)
+    assert kept.exitcode == left.exitcode == 3
+    assert _wait_for(lambda: children.supervise() or children.restarts[
+        'kept'] >= 2, 60, poll=0.1)
+    assert children.restarts['left'] == 0 and children.procs['left'] is left
+  finally:
+    children.stop_all()

@@ -1,0 +1,29 @@
+"""A transport library for portal's wire protocol: what our processes use to
+talk, on one screen. Like portal itself it imports nothing of dreamer_ver;
+an unmodified `portal.Client` talks to our servers, and our clients to
+portal's servers.
+
+  wire           frames: length prefix, request and reply layout, handshake
+  addresses      'host:port' parsing, bind interface, free ports, handshakes
+  server_socket  portal's ServerSocket, hardened (bad frames cost only their
+                 connection), plus call parsing and reply sending
+  server         Server: methods on worker pools that sleep while idle
+                 (portal.Server polls every 0.1 ms)
+  batch_server   BatchServer: gathers calls of one method into batches cut
+                 by a pluggable cutoff policy (portal.BatchServer waits for
+                 a fixed count)
+  client         Client: futures, bounded in-flight calls, reconnect and
+                 resend (portal.Client's socket thread can busy-poll)
+  blocking_client  BlockingClient: no thread at all, for env processes
+"""
+
+from .addresses import fill_auto_ports, free_port, handshake, split_addr
+from .batch_server import BatchServer, Request
+from .blocking_client import BlockingClient
+from .client import Client, Dropped
+from .server import Server
+
+__all__ = [
+    'BatchServer', 'BlockingClient', 'Client', 'Dropped', 'Request', 'Server',
+    'fill_auto_ports', 'free_port', 'handshake', 'split_addr',
+]
