@@ -11,7 +11,7 @@ set -uo pipefail
 logdir=${1:?usage: launch/local.sh LOGDIR [flags...]}
 shift
 py=${PYTHON:-python3}
-port() { "$py" -c 'from dreamer_ver.runtime.process import free_port; print(free_port())'; }
+port() { "$py" -c 'from dreamer_ver.rpc.addresses import free_port; print(free_port())'; }
 host=${HOST:-localhost}
 addrs=(--run.actor_addr "$host:$(port)" --run.replay_addr "$host:$(port)"
        --run.logger_addr "$host:$(port)")

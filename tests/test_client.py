@@ -1,4 +1,4 @@
-"""The futures client (runtime/client.py) against unmodified portal servers:
+"""The futures client (rpc/client.py) against unmodified portal servers:
 results by value, error replies, back-pressure, and resending what was in
 flight when the server restarts."""
 

@@ -1,4 +1,4 @@
-"""The RPC server (runtime/rpc_server.py) with unmodified portal clients and
+"""The RPC server (rpc/server.py) with unmodified portal clients and
 our own: results by value, errors to the one caller that caused them, call
 order per pool, pools that do not block each other, and a close that lets
 accepted calls reply."""

@@ -3,7 +3,7 @@
 An env worker has at most two requests in flight (one per half of its envs),
 so it needs no background thread: it sends frames and reads the replies on
 the same socket when it needs them. This keeps an idle env process at zero
-CPU and saves a thread hop per step (`runtime/client.py` says why portal's
+CPU and saves a thread hop per step (`client.py` says why portal's
 own client is not used).
 """
 

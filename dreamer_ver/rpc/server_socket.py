@@ -1,7 +1,7 @@
 """The server side of portal's wire protocol, on a hardened portal socket.
 
 Both of the project's servers read calls and send replies through this: the
-batch server (`batcher.py`, the actor) and the RPC server (`rpc_server.py`,
+batch server (`batch_server.py`, the actor) and the RPC server (`server.py`,
 replay and logger). A call is (8-byte request number, 8-byte method-name
 length, method name, portal's packed args); a reply is (request number,
 8-byte status, packed result or, for status != 0, an error message):
