@@ -165,21 +165,7 @@ class Replay(Persistence):
           self._queue.append(itemid)
 
   def _check_step(self, step):
-    expected = {k: v for k, v in self._spec.items() if k not in RESERVED_KEYS}
-    missing = sorted(set(expected) - set(step))
-    unexpected = sorted(set(step) - set(expected))
-    problems = []
-    if missing:
-      problems.append(f'missing keys {missing}')
-    if unexpected:
-      problems.append(f'unexpected keys {unexpected}')
-    for key in sorted(set(expected) & set(step)):
-      shape, dtype = expected[key]
-      value = step[key]
-      if value.shape != shape or value.dtype != dtype:
-        problems.append(
-            f'key {key!r}: expected shape {shape} dtype {dtype}, '
-            f'received shape {value.shape} dtype {value.dtype}')
+    problems = mismatches(self._spec, step)
     if problems:
       raise ValueError(
           'Replay.add: step does not match the stored structure: '
@@ -416,6 +402,30 @@ class Replay(Persistence):
     stats['replay_ratio'] = (
         self.length * stats['samples'] / adds if adds else float('nan'))
     return stats
+
+
+def mismatches(spec, values, rows=False):
+  """What keeps `values` (one step, or with `rows` a batch of steps along
+  the first axis) from the stored structure `spec` (`Replay.spec`): a list
+  of problems, empty when it fits. The buffer's own keys are not expected."""
+  expected = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
+  problems = []
+  missing = sorted(set(expected) - set(values))
+  unexpected = sorted(set(values) - set(expected))
+  if missing:
+    problems.append(f'missing keys {missing}')
+  if unexpected:
+    problems.append(f'unexpected keys {unexpected}')
+  what = 'rows of shape' if rows else 'shape'
+  for key in sorted(set(expected) & set(values)):
+    shape, dtype = expected[key]
+    value = values[key]
+    got = value.shape[1:] if rows else value.shape
+    if got != tuple(shape) or value.dtype != dtype:
+      problems.append(
+          f'key {key!r}: expected {what} {tuple(shape)} {dtype}, '
+          f'received {what} {got} {value.dtype}')
+  return problems
 
 
 def _prepare_step(step):

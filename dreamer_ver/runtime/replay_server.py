@@ -36,6 +36,7 @@ import numpy as np
 
 from dreamer_ver.files import write_json
 from dreamer_ver.replay import build
+from dreamer_ver.replay.replay import RESERVED_KEYS, mismatches
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, run_periodically, server_kwargs)
@@ -44,8 +45,6 @@ from dreamer_ver.runtime.transitions import check_rows
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
-# Columns the replay buffer makes itself.
-RESERVED_KEYS = ('stepid', 'consec')
 
 METHODS = (
     'add_batch', 'sample_batch_train', 'sample_batch_report',
@@ -219,7 +218,11 @@ class ReplayService:
     # already has one, so a bad batch is refused before any row is stored.
     for replay in (self.train, self.eval):
       if replay.spec is not None:
-        _check_structure(data, replay.spec)
+        problems = mismatches(replay.spec, data, rows=True)
+        if problems:
+          raise ValueError(
+              'add_batch: batch does not match the stored structure: '
+              + '; '.join(problems))
     return envid, is_eval, data
 
   # ---------------------------------------------------------------- stats
@@ -347,28 +350,6 @@ def serve_replay(config, stop=None):
 
 
 # ------------------------------------------------------------------ helpers
-
-def _check_structure(data, spec):
-  expected = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
-  problems = []
-  missing = sorted(set(expected) - set(data))
-  unexpected = sorted(set(data) - set(expected))
-  if missing:
-    problems.append(f'missing keys {missing}')
-  if unexpected:
-    problems.append(f'unexpected keys {unexpected}')
-  for key in sorted(set(expected) & set(data)):
-    shape, dtype = expected[key]
-    value = data[key]
-    if value.shape[1:] != tuple(shape) or value.dtype != dtype:
-      problems.append(
-          f'key {key!r}: expected rows of shape {tuple(shape)} {dtype}, '
-          f'received rows of shape {value.shape[1:]} {value.dtype}')
-  if problems:
-    raise ValueError(
-        'add_batch: batch does not match the stored structure: '
-        + '; '.join(problems))
-
 
 def _counts(stats):
   return {key: stats[key] for key in ('adds', 'samples', 'updates')}
