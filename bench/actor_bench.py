@@ -203,10 +203,11 @@ def _env_child(config, envids, outdir, stall, extra, parent):
   and exit at once, without a goodbye to the server (like a crash): the
   faults fleet's deaths, and the end of every fleet. If the benchmark
   process goes away without stopping it, it stops itself."""
+  from dreamer_ver import envs
   from dreamer_ver.runtime import env_worker
   probes = {}
   order = iter(envids)
-  make_env = env_worker.make_env
+  make_env = envs.make_env  # what envs.make_run_env calls
 
   def make_probed(task, env_config=None, *args, **kwargs):
     envid = next(order)  # run_envs makes the envs in the order of envids
@@ -230,7 +231,7 @@ def _env_child(config, envids, outdir, stall, extra, parent):
       time.sleep(1.0)
     os.kill(os.getpid(), signal.SIGTERM)
 
-  env_worker.make_env = make_probed
+  envs.make_env = make_probed
   signal.signal(signal.SIGUSR1, leave)
   threading.Thread(target=watchdog, daemon=True).start()
   try:

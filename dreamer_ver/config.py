@@ -16,7 +16,12 @@ Overrides are strict: an unknown key, a regex that matches nothing, a group
 given a single value, or a value of the wrong type raises :class:`ConfigError`
 with a one-line message that names the key and where the value came from.
 Ints are accepted for float keys and whole-number floats (``1e4``) for int
-keys; nothing else is converted.
+keys; nothing else is converted. These checks of single values, and the
+ranges and cross-key constraints of a composed config (``validate``, which
+``load_config`` runs), live in ``validation.py``.
+
+Every key of ``defaults.yaml`` has a trailing ``# comment`` on its line, its
+one-line meaning; :func:`meanings` reads them for ``--help``.
 
 This module must stay light: it never imports JAX.
 """
@@ -30,18 +35,13 @@ from pathlib import Path
 
 import elements
 
+from dreamer_ver.validation import (
+    ConfigError, coerce, normalize, typename, validate)
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / 'configs'
 DEFAULTS = 'defaults'
 
 _REGEX_CHAR = re.compile(r'[^A-Za-z0-9_.\-]')
-_SCALARS = (bool, int, float, str)
-
-
-class ConfigError(ValueError):
-  """A bad config block, key, value or combination. The message is one line."""
-
-  def __init__(self, message):
-    super().__init__(' '.join(str(message).split()))
 
 
 # ---------------------------------------------------------------------------
@@ -102,48 +102,57 @@ def _flatten(mapping, where, prefix=''):
   return pairs
 
 
-def _normalize(key, value, where):
-  """Checks that a value is a scalar or a non-empty homogeneous list."""
-  if value is None:
-    raise ConfigError(f"{where}: key '{key}' has no value")
-  if isinstance(value, (list, tuple)):
-    if not value:
-      raise ConfigError(f"{where}: key '{key}' is an empty list")
-    if not all(isinstance(x, _SCALARS) for x in value):
-      raise ConfigError(
-          f"{where}: key '{key}' is a list of non-scalars: {list(value)}")
-    kinds = {type(x) for x in value}
-    if kinds == {int, float}:
-      value = [float(x) for x in value]
-    elif len(kinds) > 1:
-      raise ConfigError(
-          f"{where}: key '{key}' mixes types in a list: {list(value)}")
-    return tuple(value)
-  if not isinstance(value, _SCALARS):
-    raise ConfigError(
-        f"{where}: key '{key}' has a value of unsupported type "
-        f"{type(value).__name__}: {value!r}")
-  return value
-
-
 def _defaults(folder=None):
   where = f"block '{DEFAULTS}'"
   flat = {}
   for key, value in _flatten(load_block(DEFAULTS, folder), where):
     if _is_regex(key):
       raise ConfigError(f"{where}: key '{key}' must be a plain name")
-    flat[key] = _normalize(key, value, where)
+    flat[key] = normalize(key, value, where)
   return flat
+
+
+_KEY_LINE = re.compile(r'( *)([A-Za-z0-9_]+):(.*)')
+
+
+def meanings(folder=None):
+  """{key: its trailing comment} for the keys of the block-style defaults.
+
+  A line parser, because YAML loaders drop comments; groups (lines with no
+  value) are left out, and a key without a comment maps to ''.
+  """
+  path = (Path(folder) if folder else CONFIG_DIR) / f'{DEFAULTS}.yaml'
+  found, parents = {}, []  # parents: (indent, name) of the enclosing groups
+  for line in path.read_text().splitlines():
+    match = _KEY_LINE.fullmatch(line)
+    if not match:
+      continue
+    indent, name, rest = len(match[1]), match[2], match[3]
+    while parents and parents[-1][0] >= indent:
+      parents.pop()
+    value, comment = _split_comment(rest)
+    if value:
+      found['.'.join([p for _, p in parents] + [name])] = comment
+    else:
+      parents.append((indent, name))
+  return found
+
+
+def _split_comment(text):
+  """'value  # comment' -> ('value', 'comment'); a '#' in quotes is text."""
+  quote = None
+  for i, char in enumerate(text):
+    if quote:
+      quote = None if char == quote else quote
+    elif char in '\'"':
+      quote = char
+    elif char == '#' and (i == 0 or text[i - 1].isspace()):
+      return text[:i].strip(), text[i + 1:].strip()
+  return text.strip(), ''
 
 
 # ---------------------------------------------------------------------------
 # Applying overrides.
-
-def _typename(value):
-  if isinstance(value, tuple):
-    return f'list of {_typename(value[0])}'
-  return type(value).__name__
-
 
 def _ending_in(flat, key):
   """The keys whose last part is `key`: when there is one, `key` names it
@@ -181,40 +190,6 @@ def _targets(flat, key, where):
   raise ConfigError(f"{where}: unknown config key '{key}'{hint}")
 
 
-def _coerce(old, new, key, where):
-  """Converts a typed value (from YAML or Python) to the type of ``old``."""
-  def fail():
-    raise ConfigError(
-        f"{where}: config key '{key}' expects {_typename(old)}, "
-        f"got {new!r} ({type(new).__name__})")
-  if isinstance(old, tuple):
-    if not isinstance(new, (list, tuple)):
-      fail()
-    new = _normalize(key, new, where)
-    return tuple(_coerce(old[0], x, key, where) for x in new)
-  if isinstance(old, bool):
-    if isinstance(new, bool):
-      return new
-    fail()
-  if isinstance(old, int):
-    if isinstance(new, bool):
-      fail()
-    if isinstance(new, int):
-      return new
-    if isinstance(new, float) and math.isfinite(new) and new.is_integer():
-      return int(new)
-    fail()
-  if isinstance(old, float):
-    if isinstance(new, (int, float)) and not isinstance(new, bool):
-      return float(new)
-    fail()
-  if isinstance(old, str):
-    if isinstance(new, str):
-      return new
-    fail()
-  raise AssertionError((key, old))
-
-
 _BOOLS = {'True': True, 'true': True, 'False': False, 'false': False}
 
 
@@ -228,12 +203,12 @@ def _parse_text(old, texts, key, where):
     return tuple(_parse_text(old[0], [t], key, where) for t in texts)
   if len(texts) != 1:
     raise ConfigError(
-        f"{where}: config key '{key}' expects a single {_typename(old)}, "
+        f"{where}: config key '{key}' expects a single {typename(old)}, "
         f"got {len(texts)} values: {' '.join(texts)}")
   text = texts[0]
   def fail():
     raise ConfigError(
-        f"{where}: config key '{key}' expects {_typename(old)}, got '{text}'")
+        f"{where}: config key '{key}' expects {typename(old)}, got '{text}'")
   if isinstance(old, bool):
     if text not in _BOOLS:
       fail()
@@ -266,8 +241,8 @@ def _apply(flat, pairs, where, text=False):
       if text:
         flat[target] = _parse_text(old, value, target, where)
       else:
-        value = _normalize(target, value, where)
-        flat[target] = _coerce(old, value, target, where)
+        value = normalize(target, value, where)
+        flat[target] = coerce(old, value, target, where)
   return flat
 
 
@@ -292,12 +267,18 @@ def override(config, mapping, where='override'):
   return _build(_apply(flat, pairs, where))
 
 
-def compose(names=(), overrides=None, folder=None):
-  """defaults + the named blocks in order + an optional mapping of overrides."""
+def _composed(names, folder):
+  """Flat defaults with the named blocks applied in order."""
   flat = _defaults(folder)
   for name in names:
     where = f"block '{name}'"
     _apply(flat, _flatten(load_block(name, folder), where), where)
+  return flat
+
+
+def compose(names=(), overrides=None, folder=None):
+  """defaults + the named blocks in order + an optional mapping of overrides."""
+  flat = _composed(names, folder)
   if overrides:
     _apply(flat, _flatten(dict(overrides), 'override'), 'override')
   return _build(flat)
@@ -343,10 +324,7 @@ def parse_known(argv, folder=None):
   a value and values of the wrong type still raise :class:`ConfigError`.
   """
   names, flags, stray = split_argv(list(argv))
-  flat = _defaults(folder)
-  for name in names:
-    where = f"block '{name}'"
-    _apply(flat, _flatten(load_block(name, folder), where), where)
+  flat = _composed(names, folder)
   remaining = list(stray)
   for name, values in flags:
     where = f'flag --{name}'
@@ -387,169 +365,6 @@ def load_config(argv, folder=None, check=True):
   if check:
     validate(config)
   return config
-
-
-# ---------------------------------------------------------------------------
-# Validation.
-
-# Keys that take one of a few names.
-CHOICES = {
-    'run.eval_mode': ('greedy', 'sample'),
-    'run.actor_cutoff': ('preempt', 'ver', 'fixed'),
-    'jax.platform': ('', 'cpu', 'cuda', 'gpu', 'tpu'),
-    'jax.compute_dtype': ('float32', 'bfloat16', 'float16'),
-}
-
-
-def validate(config):
-  """Checks cross-key constraints; returns ``config`` or raises ConfigError.
-
-  All problems found are reported together, separated by '; '.
-  """
-  c = config.flat
-  problems = []
-
-  def need(ok, message):
-    if not ok:
-      problems.append(message)
-
-  for key in ('batch_size', 'batch_length', 'report_length', 'replicas',
-              'run.envs', 'run.report_batches', 'run.actor_threads',
-              'replay.chunksize'):
-    need(c[key] >= 1, f'{key} must be >= 1 (got {c[key]})')
-  for key in ('replay_context', 'replica', 'run.eval_envs', 'run.duration'):
-    need(c[key] >= 0, f'{key} must be >= 0 (got {c[key]})')
-  for key in ('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
-              'run.report_every', 'run.episode_timeout',
-              'run.actor_max_wait', 'run.env_timeout'):
-    need(c[key] > 0, f'{key} must be > 0 (got {c[key]})')
-  need(c['run.actor_min_wait'] >= 0,
-       f"run.actor_min_wait must be >= 0 (got {c['run.actor_min_wait']})")
-  for key, choices in CHOICES.items():
-    need(c[key] in choices, f"{key} must be one of "
-         f"{', '.join(repr(x) for x in choices)} (got {c[key]!r})")
-
-  task = c['task']
-  need(re.fullmatch(r'[A-Za-z0-9]+_.+', task) is not None,
-       f"task must look like <suite>_<name> (got '{task}')")
-
-  # Sequences and replay.
-  stored = c['batch_length'] + c['replay_context']
-  need(c['report_length'] <= stored,
-       f"report_length ({c['report_length']}) must be <= batch_length + "
-       f"replay_context ({stored})")
-  need(c['batch_size'] * stored <= c['replay.size'],
-       f"batch_size * (batch_length + replay_context) "
-       f"({c['batch_size']} * {stored} = {c['batch_size'] * stored}) must be "
-       f"<= replay.size ({c['replay.size']:g})")
-  fracs = {k: v for k, v in c.items() if k.startswith('replay.fracs.')}
-  need(all(v >= 0 for v in fracs.values()),
-       f'replay.fracs.* must be >= 0 (got {_fmt(fracs)})')
-  need(abs(sum(fracs.values()) - 1) < 1e-6,
-       f'replay.fracs.* must sum to 1 (got {_fmt(fracs)})')
-  need(0 <= c['replay.prio.maxfrac'] <= 1,
-       f"replay.prio.maxfrac must be in [0, 1] (got {c['replay.prio.maxfrac']})")
-
-  # Actor batching.
-  envs, total = c['run.envs'], c['run.envs'] + c['run.eval_envs']
-  batch = c['run.actor_batch']
-  need(batch <= envs,
-       f'run.actor_batch ({batch}) must be <= run.envs ({envs})')
-  lo, hi = c['run.actor_min_batch'], c['run.actor_max_batch']
-  need(lo <= 0 or hi <= 0 or lo <= hi,
-       f'run.actor_min_batch ({lo}) must be <= run.actor_max_batch ({hi})')
-  buckets = c['run.actor_buckets']
-  if buckets != (0,):
-    need(all(b >= 1 for b in buckets) and list(buckets) == sorted(set(buckets)),
-         f'run.actor_buckets must be [0] (auto) or increasing positive sizes '
-         f'(got {list(buckets)})')
-    largest = hi if hi > 0 else total
-    need(buckets[-1] >= largest,
-         f'the largest of run.actor_buckets ({buckets[-1]}) must be >= the '
-         f'largest batch ({largest}, run.actor_max_batch or '
-         f'run.envs + run.eval_envs)')
-
-  # Addresses: '{auto}' ports only work when one process starts everything.
-  addrs = {k: c[f'run.{k}'] for k in ('actor_addr', 'replay_addr', 'logger_addr')}
-  for key, addr in addrs.items():
-    need(re.fullmatch(r'.+:(\d+|\{auto\})', addr) is not None,
-         f"run.{key} must be host:port or host:{{auto}} (got '{addr}')")
-  explicit = set()
-  if c['script'].startswith('parallel_'):  # one component of a split run
-    explicit = set(addrs)
-  if c['run.remote_envs']:
-    explicit |= {'actor_addr'}
-  if c['run.remote_replay']:
-    explicit |= {'replay_addr', 'logger_addr'}
-  for key in sorted(explicit):
-    need('{auto}' not in addrs[key],
-         f"run.{key} needs an explicit port when components run in separate "
-         f"processes (script '{c['script']}', remote_envs "
-         f"{c['run.remote_envs']}, remote_replay {c['run.remote_replay']})")
-
-  # JAX.
-  for key in ('jax.policy_devices', 'jax.train_devices'):
-    need(len(c[key]) >= 1 and all(d >= 0 for d in c[key]),
-         f'{key} must be device indices >= 0 (got {list(c[key])})')
-  need(len(set(c['jax.policy_devices'])) == len(c['jax.policy_devices']),
-       f"jax.policy_devices names a device twice "
-       f"(got {list(c['jax.policy_devices'])})")
-
-  # Envs.
-  for key in ('env.gym.size', 'env.dmc.size', 'env.atari100k.size'):
-    need(len(c[key]) == 2 and all(x >= 1 for x in c[key]),
-         f'{key} must be two positive ints (got {list(c[key])})')
-  if task.startswith('dmc_'):
-    need(c['env.dmc.proprio'] or c['env.dmc.image'],
-         'env.dmc.proprio and env.dmc.image cannot both be False')
-
-  # Agent.
-  a = 'agent.'
-  for key in ('rssm.deter', 'rssm.hidden', 'rssm.stoch', 'rssm.classes',
-              'rssm.blocks', 'enc.depth', 'enc.units', 'enc.kernel',
-              'dec.depth', 'dec.units', 'dec.kernel', 'dec.bspace',
-              'rewhead.units', 'conhead.units', 'policy.units', 'value.units',
-              'imag_length', 'horizon', 'slowvalue.every'):
-    need(c[a + key] >= 1, f'{a}{key} must be >= 1 (got {c[a + key]})')
-  for key in ('rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers',
-              'enc.layers', 'dec.layers', 'rewhead.layers', 'conhead.layers',
-              'policy.layers', 'value.layers', 'rssm.free_nats', 'opt.agc',
-              'opt.warmup', 'imag_loss.actent'):
-    need(c[a + key] >= 0, f'{a}{key} must be >= 0 (got {c[a + key]})')
-  for key in ('rewhead.bins', 'value.bins'):
-    need(c[a + key] >= 2, f'{a}{key} must be >= 2 (got {c[a + key]})')
-  for key in ('enc.mults', 'dec.mults'):
-    need(all(m >= 1 for m in c[a + key]),
-         f'{a}{key} must be positive (got {list(c[a + key])})')
-  deter, blocks = c[a + 'rssm.deter'], c[a + 'rssm.blocks']
-  need(blocks < 1 or deter % blocks == 0,
-       f'{a}rssm.deter ({deter}) must be divisible by {a}rssm.blocks ({blocks})')
-  for key in ('rssm.unimix', 'policy.unimix'):
-    need(0 <= c[a + key] < 1, f'{a}{key} must be in [0, 1) (got {c[a + key]})')
-  for key in ('imag_loss.lam', 'repl_loss.lam', 'slowvalue.rate',
-              'retnorm.rate'):
-    need(0 <= c[a + key] <= 1, f'{a}{key} must be in [0, 1] (got {c[a + key]})')
-  for key in ('opt.beta1', 'opt.beta2'):
-    need(0 <= c[a + key] < 1, f'{a}{key} must be in [0, 1) (got {c[a + key]})')
-  for key in ('opt.lr', 'opt.eps'):
-    need(c[a + key] > 0, f'{a}{key} must be > 0 (got {c[a + key]})')
-  scales = {k: v for k, v in c.items() if k.startswith(a + 'loss_scales.')}
-  need(all(v >= 0 for v in scales.values()),
-       f'{a}loss_scales.* must be >= 0 (got {_fmt(scales)})')
-  lo, hi = c[a + 'policy.minstd'], c[a + 'policy.maxstd']
-  need(0 < lo <= hi,
-       f'need 0 < {a}policy.minstd ({lo}) <= {a}policy.maxstd ({hi})')
-  lo, hi = c[a + 'retnorm.perclo'], c[a + 'retnorm.perchi']
-  need(0 <= lo < hi <= 100,
-       f'need 0 <= {a}retnorm.perclo ({lo}) < {a}retnorm.perchi ({hi}) <= 100')
-
-  if problems:
-    raise ConfigError('invalid config: ' + '; '.join(problems))
-  return config
-
-
-def _fmt(mapping):
-  return ', '.join(f'{k.split(".")[-1]}={v}' for k, v in mapping.items())
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,8 @@ exit status.
 
 Bad input (unknown block, unknown key, wrong type, failed validation, script
 not available) prints one line to stderr and exits with status 2.
-``--help`` prints every key with its value after the given blocks.
+``--help`` prints every key with its value after the given blocks and its
+meaning (the key's comment in ``configs/defaults.yaml``).
 """
 
 import importlib
@@ -51,6 +52,26 @@ def _available():
   return ', '.join(sorted(SCRIPTS)) or '(none registered yet)'
 
 
+def _keys_help(config, meanings):
+  """`key  value  # meaning` per key, aligned: what every key is set to
+  and what it does, without opening defaults.yaml."""
+  values = {k: _show(v) for k, v in config.flat.items()}
+  width = max(map(len, values))
+  vwidth = min(16, max(map(len, values.values())))
+  lines = ['Keys (after the given blocks):  key  value  # meaning']
+  for key, value in values.items():
+    meaning = meanings.get(key, '')
+    lines.append(f'  {key.ljust(width)}  {value.ljust(vwidth)}  # {meaning}')
+  return '\n'.join(lines)
+
+
+def _show(value):
+  """A value as YAML would write it (lists in brackets, '' for empty)."""
+  if isinstance(value, tuple):
+    return '[' + ', '.join(map(_show, value)) + ']'
+  return "''" if value == '' else str(value)
+
+
 def main(argv=None):
   from . import config as configlib
 
@@ -64,7 +85,7 @@ def main(argv=None):
     print(USAGE)
     print(f"blocks: {', '.join(configlib.block_names())}")
     print(f'scripts: {_available()}')
-    print(str(config).replace('\nConfig:', '\nKeys (after the given blocks):'))
+    print(_keys_help(config, configlib.meanings()))
     return 0
 
   try:

@@ -12,6 +12,7 @@ import pytest
 
 from dreamer_ver import config as C
 from dreamer_ver import main as M
+from dreamer_ver import validation as V
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ def test_all_blocks_load_and_validate():
                'atari100k', *SIZES]:
     assert name in names
   for name in names:
-    C.validate(C.compose([name]))
+    V.validate(C.compose([name]))
 
 
 def test_defaults_layout_and_values():
@@ -273,6 +274,8 @@ def test_block_errors_name_block_and_key(tmp_path):
     ({'run.eval_mode': 'mode'},
      "run.eval_mode must be one of 'greedy', 'sample' (got 'mode')"),
     ({'jax.compute_dtype': 'float64'}, 'jax.compute_dtype'),
+    ({'jax.compute_dtype': 'float16'},
+     "jax.compute_dtype must be one of 'float32', 'bfloat16' (got 'float16')"),
     ({'task': 'cartpole'}, 'task must look like <suite>_<name>'),
     ({'task': 'dmc_walker_walk', 'env.dmc.image': False,
       'env.dmc.proprio': False}, 'env.dmc.proprio and env.dmc.image'),
@@ -281,27 +284,37 @@ def test_block_errors_name_block_and_key(tmp_path):
     ({'run.actor_addr': 'localhost'}, 'run.actor_addr must be host:port'),
     ({'agent.policy.minstd': 2.0}, 'agent.policy.minstd'),
     ({'agent.rewhead.bins': 1}, 'agent.rewhead.bins must be >= 2'),
+    ({'env.atari100k.lives': 'never'}, 'env.atari100k.lives must be one of'),
+    ({'env.dmc.size': [64]}, 'env.dmc.size must be two positive ints'),
+    ({'random_agent': True}, 'random_agent is only supported by --script '
+                             "eval_only (got script 'parallel')"),
+    ({'random_agent': True, 'script': 'train'}, 'random_agent'),
 ])
 def test_validation_failures(overrides, expected):
   config = C.compose(['debug'], overrides)
-  msg = error(C.validate, config)
+  msg = error(V.validate, config)
   assert msg.startswith('invalid config: ')
   assert expected in msg, msg
 
 
 def test_validation_passes_edge_cases():
-  C.validate(C.compose(['debug'], {
+  V.validate(C.compose(['debug'], {
       'report_length': 11, 'run.actor_batch': 4, 'batch_size': 909,
       'run.actor_buckets': [1, 2, 4, 8], 'run.actor_min_batch': 2,
       'run.actor_max_batch': 5}))
-  C.validate(C.compose(['debug'], {
+  V.validate(C.compose(['debug'], {
       'script': 'parallel_env', 'run.actor_addr': 'host1:2000',
       'run.replay_addr': 'host2:2001', 'run.logger_addr': '[::1]:2002'}))
 
 
+def test_random_agent_is_for_eval_only():
+  V.validate(C.compose(['debug'], {'random_agent': True,
+                                   'script': 'eval_only'}))
+
+
 def test_validation_reports_all_problems_at_once():
   config = C.compose(['debug'], {'run.actor_batch': 9, 'batch_size': 10000})
-  msg = error(C.validate, config)
+  msg = error(V.validate, config)
   assert 'run.actor_batch' in msg and 'replay.size' in msg and '; ' in msg
 
 
@@ -402,7 +415,38 @@ def test_main_dispatches_to_registered_script(tmp_path, monkeypatch, capsys):
   assert 'fake, fake_env' in capsys.readouterr().err
 
 
-def test_main_help(capsys):
+def test_main_help_gives_every_key_its_value_and_meaning(capsys):
   assert M.main(['--configs', 'debug', '--help']) == 0
   out = capsys.readouterr().out
-  assert 'agent.rssm.deter' in out and 'usage:' in out
+  assert 'usage:' in out
+  lines = {line.split()[0]: line for line in out.splitlines()
+           if line.startswith('  ')}
+  config = C.compose(['debug'])
+  for key, value in config.flat.items():
+    assert key in lines, key
+    shown, _, meaning = lines[key].partition('  # ')
+    assert meaning.strip(), key
+    assert shown.split(None, 1)[1].strip() == M._show(value), key
+  assert lines['agent.rssm.deter'].split()[1] == '8'  # After the blocks.
+
+
+def test_every_default_key_has_a_one_line_meaning():
+  meanings = C.meanings()
+  assert list(meanings) == list(C.compose().flat)
+  missing = [key for key, meaning in meanings.items() if not meaning]
+  assert not missing, f'keys in defaults.yaml without a # comment: {missing}'
+
+
+def test_meanings_read_nested_keys_and_quoted_hashes(tmp_path):
+  (tmp_path / 'defaults.yaml').write_text(textwrap.dedent('''
+      # header
+      a: 'x # y'   # the a
+      group:       # a group
+        b: [1, 2]  # the b
+        inner:
+          c: "#"   # the c
+
+      d: 1
+  '''))
+  assert C.meanings(tmp_path) == {
+      'a': 'the a', 'group.b': 'the b', 'group.inner.c': 'the c', 'd': ''}

@@ -1,5 +1,7 @@
 """Tests for dreamer_ver.envs: spaces, episode bookkeeping, and wrappers."""
 
+import importlib
+import inspect
 import subprocess
 import sys
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 from portal import packlib
 
+from dreamer_ver import config as configlib
 from dreamer_ver import envs
 from dreamer_ver.envs import base
 from dreamer_ver.envs import gym as gym_env
@@ -178,6 +181,23 @@ def test_make_env_config_forms():
   for env_config in (None, {}, {'dummy': None}):
     env = envs.make_env('dummy_disc', env_config)
     assert env.obs_space['count'].high == 100
+
+
+def test_make_env_fills_missing_keys_from_the_config_defaults():
+  env = envs.make_env('synthetic_a', {'synthetic': {'length': 5}})
+  assert env.obs_space['vector'].shape == (
+      configlib.compose().env.synthetic.vector_size,)
+  assert len(run_episode(env, lambda o: zero_action(env))) == 6
+
+
+def test_config_env_defaults_fit_the_constructors():
+  defaults = configlib.compose().env
+  assert set(defaults) == set(envs._CONSTRUCTORS)
+  for suite, path in envs._CONSTRUCTORS.items():
+    module, cls = path.split(':')
+    ctor = getattr(importlib.import_module(f'dreamer_ver.envs.{module}'), cls)
+    params = inspect.signature(ctor).parameters
+    assert set(defaults[suite]) <= set(params), suite
 
 
 def test_envs_package_stays_light():

@@ -167,3 +167,16 @@ def test_make_cutoff_modes():
   assert fixed.forget == cfg.run.env_timeout == 5.0
   run = configlib.override(cfg, {'run.env_timeout': 0.5}).run
   assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5
+
+
+def test_max_batch_and_buckets_default_to_the_lanes_share():
+  from dreamer_ver import config as configlib
+  run = configlib.compose(['debug']).run
+  assert preemption.max_batch(run, 5) == 5
+  assert preemption.max_batch(run, 5, lanes=2) == 3
+  assert preemption.make_cutoff(run, 5, [1, 2, 3], lanes=2).max_batch == 3
+  assert preemption.bucket_sizes(run, 5) == [1, 2, 4, 5]
+  fixed = configlib.override(configlib.compose(['debug']), {
+      'run.actor_max_batch': 4, 'run.actor_buckets': [2, 3]}).run
+  assert preemption.max_batch(fixed, 5, lanes=2) == 4
+  assert preemption.bucket_sizes(fixed, 4) == [2, 3, 4]

@@ -27,3 +27,37 @@ def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
   assert 'Resumed from' in capsys.readouterr().out
   resumed = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert resumed['steps'] == 300 and resumed['version'] > counters['version']
+
+
+def test_train_samples_with_the_configured_selector(tmp_path, monkeypatch):
+  """`train` builds its replay as the replay server does (replay.fracs)."""
+  from dreamer_ver.replay import Recency, build
+  built = []
+  real = build.train_replay
+  monkeypatch.setattr(build, 'train_replay', lambda *a: built.append(
+      real(*a)) or built[-1])
+  assert mainlib.main([
+      '--script', 'train', '--logdir', str(tmp_path), *FLAGS,
+      '--run.steps', '200', '--replay.fracs.uniform', '0',
+      '--replay.fracs.recency', '1']) in (0, None)
+  replay, = built
+  assert isinstance(replay.selector, Recency)
+  assert replay.stats()['samples'] > 0
+
+
+def test_train_warm_starts_and_stops_at_its_duration(tmp_path, capsys):
+  source = tmp_path / 'source'
+  assert mainlib.main([
+      '--script', 'train', '--logdir', str(source), *FLAGS,
+      '--run.steps', '200']) in (0, None)
+  trained = json.loads((source / 'ckpt' / 'counters.json').read_text())
+  capsys.readouterr()
+  warm = tmp_path / 'warm'
+  assert mainlib.main([
+      '--script', 'train', '--logdir', str(warm), *FLAGS,
+      '--run.steps', '1e9', '--run.duration', '3',
+      '--run.from_checkpoint', str(source)]) in (0, None)
+  assert f'Warm start from {source / "ckpt"}' in capsys.readouterr().out
+  counters = json.loads((warm / 'ckpt' / 'counters.json').read_text())
+  # Fresh counters, stopped by the wall clock long before run.steps.
+  assert 0 < counters['steps'] < 1e9 and counters != trained

@@ -2,55 +2,31 @@
 
 ``make_env(task, env_config=None, seed=0)`` builds the task named
 ``<suite>_<name>``, passing the suite's kwargs from ``env_config[suite]``
-(missing keys take the defaults below; ``env_config`` may be None, a dict,
-or an ``elements.Config``), and applies the standard wrappers
-(``wrap_env``): continuous actions are normalised to [-1, 1] and clipped,
-dtypes unified to float32 / int32 / bool / uint8, and spaces checked.
+(``env_config`` may be None, a dict, or an ``elements.Config``; missing keys
+take their defaults from ``env:`` in ``configs/defaults.yaml``, the one place
+that lists and explains every suite option), and applies the standard
+wrappers (``wrap_env``): continuous actions are normalised to [-1, 1] and
+clipped, dtypes unified to float32 / int32 / bool / uint8, and spaces checked.
 
-Suites, their kwargs with defaults, and keys (besides reward, is_first,
-is_last, is_terminal in every obs and reset in every action):
+Suites and their keys (besides reward, is_first, is_last, is_terminal in
+every obs and reset in every action):
 
   dummy_disc, dummy_cont (``dummy.Dummy``)
-      length: 100                 episode length in steps
     obs image (64,64,3) uint8, vector (7,), token, count, float2d (4,5),
     int2d (2,3); act act_disc (5 classes), act_cont (6,).
 
-  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``)
-      pixels: False               replace the obs by the rendered frame
-      size: [64, 64]              frame size (height, width) when pixels
-      (other keys, e.g. max_episode_steps, go to gymnasium.make)
+  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``); kwargs beyond
+  the defaults, e.g. max_episode_steps, go to gymnasium.make
     obs vector or image (or the flattened keys of a Dict space);
     act action (or the flattened keys of a Dict space).
 
   dmc_<domain>_<task>, e.g. dmc_walker_walk (``dmc.DMC``)
-      repeat: 1                   action repeat
-      size: [64, 64]              image size
-      proprio: True               include the proprioceptive keys
-      image: True                 include ``image`` (else ``log/image``)
-      camera: -1                  -1 picks 2 for quadruped, else 0
-      log_image: True             render ``log/image`` when image is False
     obs one float32 vector per dm_control key, image; act action.
 
   atari100k_<game>, e.g. atari100k_pong (``atari.Atari``)
-      size: [64, 64]              image size
-      repeat: 4                   frames per step
-      sticky: False               sticky actions (p=0.25)
-      gray: False                 grayscale instead of RGB
-      actions: needed             'needed' (minimal) or 'all' (18)
-      lives: unused               'unused', 'discount' or 'reset'
-      noops: 30                   max random no-ops after reset
-      autostart: False            press FIRE after reset
-      resize: pillow              Pillow bilinear ('pillow') or 'numpy'
-      clip_reward: False          use sign(reward)
     obs image (64,64,3) uint8; act action (minimal action set).
 
   synthetic_<any name> (``synthetic.Synthetic``), for tests and benchmarks
-      length: 100                 episode length in steps
-      vector_size: 4              vector size
-      step_time: 0.0              seconds per step
-      jitter: 0.0                 sigma of a per-step lognormal time factor
-      slow_frac: 0.0              fraction of seeds that are slow
-      slow_factor: 4.0            how much slower those are
     obs vector (cue in vector[0]), count; act action (2 classes).
 
 This package must stay light: it imports neither JAX nor the agent or
@@ -58,25 +34,12 @@ runtime, and suite backends (gymnasium, dm_control, ale-py) load only when
 their suite is used.
 """
 
+import functools
 import importlib
 
 from .base import Env  # noqa: F401
 from . import wrappers
-
-DEFAULTS = {
-    'dummy': {'length': 100},
-    'gym': {'pixels': False, 'size': (64, 64)},
-    'dmc': {
-        'repeat': 1, 'size': (64, 64), 'proprio': True, 'image': True,
-        'camera': -1, 'log_image': True},
-    'atari100k': {
-        'size': (64, 64), 'repeat': 4, 'sticky': False, 'gray': False,
-        'actions': 'needed', 'lives': 'unused', 'noops': 30,
-        'autostart': False, 'resize': 'pillow', 'clip_reward': False},
-    'synthetic': {
-        'length': 100, 'vector_size': 4, 'step_time': 0.0, 'jitter': 0.0,
-        'slow_frac': 0.0, 'slow_factor': 4.0},
-}
+from .. import config as configlib
 
 _CONSTRUCTORS = {
     'dummy': 'dummy:Dummy',
@@ -85,6 +48,14 @@ _CONSTRUCTORS = {
     'atari100k': 'atari:Atari',
     'synthetic': 'synthetic:Synthetic',
 }
+
+
+@functools.cache
+def _defaults():
+  """{suite: kwargs} from ``env:`` in configs/defaults.yaml, the one place
+  they are set; parsed once per process, not at every env start."""
+  env = configlib.compose().env
+  return {suite: dict(kwargs) for suite, kwargs in env.items()}
 
 
 def make_env(task: str, env_config=None, seed: int = 0) -> Env:
@@ -97,7 +68,7 @@ def make_env(task: str, env_config=None, seed: int = 0) -> Env:
   module, cls = _CONSTRUCTORS[suite].split(':')
   ctor = getattr(importlib.import_module(f'.{module}', __name__), cls)
   overrides = (env_config or {}).get(suite) or {}
-  kwargs = {**DEFAULTS[suite], **dict(overrides)}
+  kwargs = {**_defaults()[suite], **dict(overrides)}
   if 'size' in kwargs:
     kwargs['size'] = tuple(int(x) for x in kwargs['size'])
   return wrap_env(ctor(name, seed=seed, **kwargs))
