@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from dreamer_ver import config as configlib
+from dreamer_ver import validation
 from dreamer_ver.runtime import devices
 
 SCRIPT = textwrap.dedent('''
@@ -76,5 +77,5 @@ def test_a_device_index_that_does_not_exist_is_a_clear_error():
 
 def test_a_policy_device_named_twice_is_a_clear_error():
   with pytest.raises(ValueError, match='jax.policy_devices names a device twice'):
-    configlib.validate(
+    validation.validate(
         configlib.compose(['debug'], {'jax.policy_devices': [0, 0]}))
