@@ -217,3 +217,35 @@ def test_rows_the_logger_missed_are_reported_with_the_next_rows():
   # Call 1 (env 0) and call 2 (envs 0, 1, env 0 already owing 1) failed.
   assert missed == [{0: 0, 1: 0}, {0: 0}, {0: 1, 1: 0}, {1: 1}, {0: 2, 1: 0}]
   assert actor.shipper.errors == 2
+
+
+def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():
+  """Two slots, three env ids: the third gets a clear error (and is
+  counted); the two live envs keep their own carries throughout."""
+  config = _fleet_config(free_port(), 2)
+  env = make_env(config.task, config.env)
+  obs = {k: np.asarray(v) for k, v in
+         env.step({'action': np.int32(0), 'reset': True}).items()}
+  actor = Actor(CounterAgent(env.obs_space),
+                ParamsStore({'enc': {}, 'dyn': {}, 'pol': {}}),
+                slots=2, buckets=[1, 2, 4])
+  actor.compile()
+
+  def request(envid, first):
+    data = {**obs, 'envid': np.int64(envid), 'is_eval': np.bool_(False),
+            'is_first': np.bool_(first)}
+    return Request(('test', envid), bytes(8), data, 0.0, envid)
+
+  counts = collections.defaultdict(list)
+  for step in range(6):
+    envids = [0, 1] if step < 3 else [2, 0, 1]
+    replies, (trans, _) = actor.handle(
+        [request(e, step == 0 or (e == 2 and step == 3)) for e in envids])
+    for envid, count in zip(trans['envid'], trans['carry_count']):
+      counts[int(envid)].append(int(count))
+    if step >= 3:
+      assert isinstance(replies[0], ValueError)
+      assert 'env id 2' in str(replies[0]) and 'run.envs' in str(replies[0])
+      assert all(isinstance(r, dict) for r in replies[1:])
+  assert counts == {0: list(range(6)), 1: list(range(6))}
+  assert actor.lanes[0].refused == 3

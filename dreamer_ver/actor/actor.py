@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 
-from dreamer_ver.actor.carries import CarryLane
+from dreamer_ver.actor.carries import CarryFull, CarryLane
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
 
@@ -93,6 +93,13 @@ class Actor:
           replies[i] = RequestError(
               f'env id {envid} sent several requests in one batch; each env '
               'may only have one request in flight')
+    lane = self.lanes[requests[0].lane]  # A batch is cut from one lane.
+    with lane.lock:
+      for i in [i for i in valid if replies[i] is None]:
+        try:
+          lane.slot(int(requests[i].data['envid']))
+        except CarryFull as e:
+          replies[i] = RequestError(str(e))
     valid = [i for i in valid if replies[i] is None]
     if not valid:
       return replies, None

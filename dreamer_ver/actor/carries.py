@@ -6,34 +6,54 @@ slot, steps, and scatters the new carries back into the donated table, so
 no per-env Python tree work happens on the hot path.
 """
 
-import collections
 import threading
 
 import jax
 
 
+class CarryFull(ValueError):
+  """A new env id found no free carry slot: serving it would hand it the
+  carry of another env that may still be running."""
+
+
 class CarryLane:
-  """One policy device's share of the actor: its carry table, the slots of
-  the env ids it serves, and the lock its inference threads share."""
+  """One policy device's share of the actor: its carry table, the slots
+  of the env ids it serves, and the lock its inference threads share.
+
+  An env id keeps its slot for the lane's lifetime (a restarted env comes
+  back with its id and resets its carry by `is_first`), so a slot is never
+  handed to another env: once every slot is taken, a new id is refused
+  (`CarryFull`, counted in `refused`) instead of silently continuing from
+  another env's RSSM state.
+  """
 
   def __init__(self, index, table, slots, device=None):
     self.index = index
     self.table = table if device is None else jax.device_put(table, device)
     self.slots = int(slots)
     self.padding = self.slots  # the row that padding rows read and write
-    self.slot_of = collections.OrderedDict()  # envid -> slot, oldest first
+    self.slot_of = {}  # envid -> slot
+    self.refused = 0  # requests of new env ids that found no free slot
     self.lock = threading.Lock()
 
   def slot(self, envid):
-    """Slot of an env id; a new id takes a free slot or the least recently
-    used one (its carry is reset anyway by that env's is_first)."""
-    slot_of = self.slot_of
-    if envid in slot_of:
-      slot_of.move_to_end(envid)
-      return slot_of[envid]
-    if len(slot_of) < self.slots:
-      slot = len(slot_of)
-    else:
-      _, slot = slot_of.popitem(last=False)
-    slot_of[envid] = slot
+    """The slot of `envid`, a free one for a new id; raises CarryFull when
+    every slot belongs to another env id."""
+    slot = self.slot_of.get(envid)
+    if slot is not None:
+      return slot
+    if len(self.slot_of) >= self.slots:
+      self.refused += 1
+      raise CarryFull(
+          f'env id {envid} needs a carry slot, but all {self.slots} slots of '
+          f'policy lane {self.index} belong to env ids '
+          f'{_ids(self.slot_of)}; the actor holds run.envs + run.eval_envs '
+          'carries: set them to cover every env id it serves')
+    slot = self.slot_of[envid] = len(self.slot_of)
     return slot
+
+
+def _ids(slot_of, shown=8):
+  ids = sorted(slot_of)
+  text = ', '.join(map(str, ids[:shown]))
+  return f'[{text}{", ..." if len(ids) > shown else ""}]'

@@ -123,6 +123,7 @@ def run_agent(config):
       stats = actor_stats(server.stats())
       stats['fps/policy'] = fps.result()
       stats['actor/served'] = shipper.served
+      stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
       # Updates the learner made since the params of the latest batch.
       stats['actor/policy_lag'] = store.version - actor.version
       logger.add(stats)
