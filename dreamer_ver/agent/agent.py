@@ -6,6 +6,7 @@
   carry, act, outs = agent.policy(params, carry, obs, key, mode)
   state, carry, outs, metrics = agent.train(state, carry, batch)
   metrics = agent.report(state, batch)
+  losses = agent.loss_terms(params, state, carry, batch)  # per term, [B, T]
 
 Batches for train/report are [B, T + C] sequences, C = replay_context: the
 first C steps only supply the stored latent (and action) to start from.
@@ -50,6 +51,12 @@ class Agent:
                         if k not in RESERVED}
     cfg = config.agent
     self.dtype = jnp.dtype(config.jax.compute_dtype)
+    if self.dtype == jnp.float16:
+      # float16 gradients underflow without loss scaling, which upstream
+      # has and this agent does not.
+      raise ValueError(
+          'jax.compute_dtype float16 is not supported (it needs loss '
+          'scaling); use bfloat16 for low-precision compute, or float32.')
     self.context = int(config.replay_context)
     dt = dict(dtype=self.dtype)
     self.enc = rssm.Encoder(self.model_space, **_cfg(cfg.enc), **dt)
@@ -178,6 +185,16 @@ class Agent:
     last = {k: batch[k][:, -1] for k in self.act_space}
     new_carry = {**aux['carry'], 'action': last}
     return new_state, new_carry, outs, metrics
+
+  def loss_terms(self, params, state, carry, batch):
+    """The unscaled per-term losses [B, T] of the step `train(state, carry,
+    batch)` takes, evaluated at `params`: `jax.grad` of one term shows
+    which modules that term trains."""
+    key = jax.random.fold_in(state['rng'], state['step'])
+    start, obs, prevact, _ = self._split_context(carry, batch)
+    _, aux = self._loss(params, state['slowval'], state['retnorm'], start, obs,
+                        prevact, key)
+    return aux['losses']
 
   def _opt_metrics(self, loss, grads, updates, params):
     rms = lambda tree: jnp.sqrt(jnp.mean(jnp.concatenate(

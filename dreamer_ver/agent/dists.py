@@ -20,11 +20,16 @@ def _sum_last(x, dims):
 
 
 def mix_uniform(logits, unimix):
-  """Mixes `unimix` of a uniform into the softmax and returns log-probs."""
-  probs = jax.nn.softmax(logits.astype(f32), -1)
-  if unimix:
-    probs = (1 - unimix) * probs + unimix / probs.shape[-1]
-  return jnp.log(probs)
+  """Mixes `unimix` of a uniform into the softmax and returns log-probs.
+
+  Without unimix this is log-softmax: log(softmax) underflows to -inf once
+  the logits differ by more than ~104 and turns losses and gradients NaN.
+  """
+  logits = logits.astype(f32)
+  if not unimix:
+    return jax.nn.log_softmax(logits, -1)
+  probs = jax.nn.softmax(logits, -1)
+  return jnp.log((1 - unimix) * probs + unimix / probs.shape[-1])
 
 
 class OneHot:
@@ -62,25 +67,31 @@ class OneHot:
 
 
 class Categorical(OneHot):
-  """Discrete action head: samples integer indices.
+  """Discrete action head and discrete-observation decoder: class i stands
+  for the value `low + i` (`low` broadcasts over the value's shape), so
+  samples, modes and targets are all in the space's own range (upstream
+  assumes low 0 and would misplace them otherwise).
 
   Upstream DreamerV3 ignores `unimix` for discrete policies; we apply it, as
   the paper describes, so the policy never becomes fully deterministic.
   """
 
-  def __init__(self, logits, unimix=0.0, event_dims=0):
+  def __init__(self, logits, unimix=0.0, event_dims=0, low=0):
     super().__init__(logits, unimix, event_dims)
+    self.low = jnp.asarray(low, jnp.int32)
     self.minent = 0.0
     self.maxent = math.log(logits.shape[-1])
 
   def sample(self, key):
-    return jax.random.categorical(key, self.logits, -1).astype(jnp.int32)
+    index = jax.random.categorical(key, self.logits, -1)
+    return index.astype(jnp.int32) + self.low
 
   def mode(self):
-    return self.logits.argmax(-1).astype(jnp.int32)
+    return self.logits.argmax(-1).astype(jnp.int32) + self.low
 
-  def logp(self, index):
-    onehot = jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
+  def logp(self, value):
+    onehot = jax.nn.one_hot(
+        value - self.low, self.logits.shape[-1], dtype=f32)
     return self.logp_onehot(onehot)
 
   def loss(self, target):

@@ -60,7 +60,8 @@ class PolicyHead(nn.Module):
         shape = (*space.shape, nets.num_classes(space))
         logits = nets.Linear(shape, self.outscale, self.dtype,
                              name=f'{key}_logits')(x)
-        outs[key] = dists.Categorical(logits, self.unimix, event_dims=dims)
+        outs[key] = dists.Categorical(
+            logits, self.unimix, event_dims=dims, low=nets.class_low(space))
       else:
         mean = nets.Linear(space.shape, self.outscale, self.dtype,
                            name=f'{key}_mean')(x)

@@ -27,7 +27,8 @@ def trunc_normal_in(scale=1.0, fan_axes=(0,)):
   """Truncated normal in [-2, 2] scaled to unit variance per input unit.
 
   1.1368 undoes the variance lost by truncation. `fan_axes` names the kernel
-  axes that count as fan-in (all but the last for dense and conv kernels).
+  axes that count as fan-in: all but the last for dense, conv and block
+  kernels alike, as upstream counts them.
   """
   def init(key, shape, dtype=f32):
     fan_in = math.prod(shape[a] for a in fan_axes)
@@ -43,6 +44,12 @@ def is_image(space):
 def num_classes(space):
   """Classes of a discrete space (the largest, if they differ per element)."""
   return int(np.max(space.classes))
+
+
+def class_low(space):
+  """The value of class 0 per element of a discrete space: one-hot inputs,
+  decoder targets and sampled actions all count classes from it."""
+  return np.asarray(space.low, np.int32)
 
 
 ACTIVATIONS = {
@@ -69,7 +76,12 @@ class Linear(nn.Module):
 
 
 class BlockLinear(nn.Module):
-  """Block-diagonal dense layer: `blocks` independent groups, one einsum."""
+  """Block-diagonal dense layer: `blocks` independent groups, one einsum.
+
+  The kernel [blocks, in / blocks, out / blocks] is initialised with the
+  whole input size as fan-in (upstream's rule for rank-3 kernels), so each
+  block starts sqrt(blocks) smaller than a dense layer of its own size.
+  """
   units: int
   blocks: int
   outscale: float = 1.0
@@ -81,7 +93,7 @@ class BlockLinear(nn.Module):
     assert x.shape[-1] % g == 0 and self.units % g == 0, (x.shape, self)
     shape = (g, x.shape[-1] // g, self.units // g)
     kernel = self.param(
-        'kernel', trunc_normal_in(self.outscale, fan_axes=(1,)), shape)
+        'kernel', trunc_normal_in(self.outscale, fan_axes=(0, 1)), shape)
     bias = self.param('bias', nn.initializers.zeros, (self.units,))
     x = x.astype(self.dtype).reshape((*x.shape[:-1], g, shape[1]))
     x = jnp.einsum('...gi,gio->...go', x, kernel.astype(self.dtype))

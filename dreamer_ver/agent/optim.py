@@ -14,13 +14,20 @@ f32 = jnp.float32
 
 
 def clip_by_agc(clip=0.3, pmin=1e-3):
-  """Adaptive gradient clipping per tensor: ||g|| <= clip * max(pmin, ||p||)."""
+  """Adaptive gradient clipping per tensor: ||g|| <= clip * max(pmin, ||p||).
+
+  `clip` 0 turns clipping off, as upstream (a bound of 0 would instead
+  zero every update).
+  """
 
   def init_fn(params):
     del params
     return optax.EmptyState()
 
   def update_fn(updates, state, params):
+    if not clip:
+      return updates, state
+
     def clip_one(param, update):
       upper = clip * jnp.maximum(pmin, jnp.linalg.norm(param.ravel()))
       return update / jnp.maximum(1.0, jnp.linalg.norm(update.ravel()) / upper)

@@ -29,8 +29,8 @@ def concat_vectors(spaces, values, squash):
     space, x = spaces[key], values[key]
     bdims = x.ndim - len(space.shape)
     if space.discrete:
-      low = 0 if space.low is None else np.asarray(space.low).min()
-      x = jax.nn.one_hot(x - low, nets.num_classes(space), dtype=f32)
+      x = jax.nn.one_hot(
+          x - nets.class_low(space), nets.num_classes(space), dtype=f32)
     else:
       x = squash(x.astype(f32))
     parts.append(x.reshape((*x.shape[:bdims], -1)))
@@ -228,7 +228,8 @@ class Decoder(nn.Module):
           shape = (*space.shape, nets.num_classes(space))
           out = nets.Linear(shape, self.outscale, self.dtype, name=key)(x)
           out = out.reshape((*bshape, *shape))
-          recons[key] = dists.Categorical(out, event_dims=len(space.shape))
+          recons[key] = dists.Categorical(
+              out, event_dims=len(space.shape), low=nets.class_low(space))
         else:
           out = nets.Linear(space.shape, self.outscale, self.dtype,
                             name=key)(x)
