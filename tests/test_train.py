@@ -24,7 +24,7 @@ def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
   assert all(s['eval'] is False for s in scores)  # As the parallel runtime.
 
   assert mainlib.main([*flags, '--run.steps', '300']) in (0, None)
-  assert 'Resumed from' in capsys.readouterr().out
+  assert 'Agent resumed at step 200 ' in capsys.readouterr().out
   resumed = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert resumed['steps'] == 300 and resumed['version'] > counters['version']
 

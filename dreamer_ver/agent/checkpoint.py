@@ -111,8 +111,8 @@ def restore(agent, config):
   counters = {'steps': 0, 'version': 0}
   if ckpt.exists:
     state, counters = ckpt.load(state)
-    print(f'Resumed from {ckpt.directory} at step {counters["steps"]} '
-          f'(params version {counters["version"]}).', flush=True)
+    print(f'Agent resumed at step {counters["steps"]} (params version '
+          f'{counters["version"]}) from {ckpt.directory}.', flush=True)
   elif config.run.from_checkpoint:
     source = Checkpoint(config.run.from_checkpoint)
     if not source.exists:
