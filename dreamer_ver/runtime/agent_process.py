@@ -1,9 +1,11 @@
 """The agent process: the actor's batch server and policy lanes, the learner
 thread, and the loop that logs them until the run is done.
 
-  build_actor(config, agent, store, counters)   -> (Actor, BatchServer)
-  build_learner(config, agent, state, store, ckpt, counters) -> Learner
-  run_agent(config)                              -> builds both and runs
+  build_agent(config)                            -> Agent
+  build_actor(config, agent, store, counters)    -> (Actor, BatchServer)
+  build_learner(config, agent, state, store, ckpt, counters, logger)
+                                                 -> Learner
+  run_agent(config)                              -> builds them and runs
 
 The learner's state lives on the train device; the actor's params copies
 (and so its carry tables, which the jitted step keeps beside them) on the
