@@ -56,6 +56,15 @@ Measurements, per fleet and mode:
              and `load`, the machine's 1-minute load average at the end of
              the window (other work on the machine skews every number).
 
+With `--wal` the actor ships every served transition to a replay server
+process (`serve_replay`, as `--script parallel` runs it; no learner, no
+limiter), and every mode runs twice per round, once against a replay with
+`replay.wal off` and once against one with `flush`, interleaved (the order
+alternates between rounds); both replays live through the whole fleet. The
+baseline is left out: portal's BatchServer calls Actor.step and ships
+nothing. The summary gives env steps/s both ways, their ratio, and the
+replay process's cores (`cpu_replay`).
+
 Usage (from the repository root; see bench/README.md):
 
   .venv/bin/python bench/actor_bench.py --out bench/results.json \
@@ -82,6 +91,8 @@ import numpy as np
 from dreamer_ver.envs.wrappers import Wrapper
 
 MODES = ('baseline', 'fixed', 'ver', 'preempt')
+WAL_MODES = ('off', 'flush')  # the replays of --wal, by `replay.wal`
+REPLAY_SIZE = 1e5  # --wal replays' capacity: bounds their memory
 FLEETS = ('constant', 'hetero', 'lognormal', 'faults', 'fast', 'fast_multi')
 # Upstream DreamerV3's own parallel run on dmc cartpole_balance, size1m,
 # 16 envs, learner throttled, on this 2-core machine (issue 4).
@@ -470,6 +481,73 @@ def _retry_bind(make, seconds=15.0):
       time.sleep(0.2)
 
 
+class _Shipped:
+  """The actor's link to a --wal replay: a futures client whose last
+  add_batch is kept, so a window's shipping can drain before the next."""
+
+  def __init__(self, client):
+    self.client = client
+    self.last = None
+
+  def add_batch(self, trans):
+    self.last = self.client.add_batch(trans)
+    return self.last
+
+  def close(self, timeout=30.0):
+    # The replay answers add_batch calls in order: the last reply comes last.
+    if self.last is not None:
+      try:
+        self.last.result(timeout)
+      except Exception as error:
+        print(f'  replay add_batch failed: {error!r}', flush=True)
+    self.client.close(timeout=2)
+
+
+def start_replays(config, outdir):
+  """One replay server process per mode of WAL_MODES (--wal), on the
+  fleet's config; returns {wal: (process, address)} once each answers."""
+  from dreamer_ver import config as configlib
+  from dreamer_ver.rpc.addresses import free_port
+  from dreamer_ver.rpc.client import Client
+  context = multiprocessing.get_context('spawn')
+  replays = {}
+  for wal in WAL_MODES:
+    replay_config = configlib.override(config, {
+        'logdir': os.path.join(outdir, f'replay_{wal}'), 'replay.wal': wal,
+        'replay.size': REPLAY_SIZE, 'run.train_ratio': 0.0,
+        'run.replay_addr': f'127.0.0.1:{free_port()}',
+        # Nobody listens: the replay's stats are dropped.
+        'run.logger_addr': f'127.0.0.1:{free_port()}'})
+    log = os.path.join(outdir, f'replay_{wal}.log')
+    proc = context.Process(target=_replay_child, args=(replay_config, log),
+                           name=f'replay_{wal}', daemon=True)
+    proc.start()
+    replays[wal] = (proc, replay_config.run.replay_addr)
+  for _, addr in replays.values():
+    probe = Client(addr, 'BenchReplayProbe')
+    try:
+      probe.sample_batch_eval().result(STARTUP_SECONDS)
+    finally:
+      probe.close(timeout=2)
+  return replays
+
+
+def _replay_child(config, log):
+  """A --wal replay server process; its output (a line per connection)
+  goes to `log`."""
+  from dreamer_ver.runtime.replay_server import serve_replay
+  with open(log, 'w') as file:
+    os.dup2(file.fileno(), 1)
+    os.dup2(file.fileno(), 2)
+    sys.exit(serve_replay(config))
+
+
+def stop_replays(replays):
+  for proc, _ in replays.values():
+    proc.kill()  # Its data is thrown away: no save.
+    proc.join()
+
+
 # ------------------------------------------------------------ one mode
 
 class _CPU:
@@ -499,15 +577,25 @@ class _CPU:
     return times
 
 
-def run_mode(mode, fleet, spec, args, actor, config, inference):
+def run_mode(mode, fleet, spec, args, actor, config, inference,
+             replay=None):
+  """One window of `mode`; with `replay` (wal mode, address, pid) the
+  actor ships its transitions there."""
   counter = Counter()
+  shipped = None
+  if replay is not None:
+    from dreamer_ver.rpc.client import Client
+    wal, addr, replay_pid = replay
+    shipped = _Shipped(Client(addr, f'BenchReplay_{wal}', maxinflight=8))
+    actor.shipper.replay = shipped
   port = int(str(config.run.actor_addr).rsplit(':', 1)[1])
   if mode == 'baseline':
     server = Baseline(port, actor, max(1, args.envs // 2), counter)
   else:
     server = Ours(config.run.actor_addr, actor, config, args.envs,
                   inference, counter, mode)
-  record = dict(fleet=spec['name'], mode=mode, envs=args.envs)
+  record = dict(fleet=spec['name'], mode=mode, envs=args.envs,
+                wal=replay[0] if replay else None)
   window = args.seconds
   if spec['deaths']:
     window = max(window, FAULTS_MIN_SECONDS)
@@ -532,7 +620,7 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
     server.stats()  # resets our server's counters
     own = [os.getpid()] + server.child_pids()
     envs = fleet.pids()
-    cpu = _CPU(own), _CPU(envs)
+    cpu = _CPU(own), _CPU(envs), _CPU([replay_pid] if replay else [])
     sampled = time.monotonic()
     rows0, batches0, policy0 = counter.snapshot()
     t0 = time.monotonic()
@@ -564,6 +652,9 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
     record['env_crashes'] = fleet.crashes - crashes
   finally:
     server.close()
+    if shipped is not None:
+      shipped.close()
+      actor.shipper.replay = None
   rows, batches = rows1 - rows0, batches1 - batches0
   # A stalled fleet would serve nothing for the rest of its window.
   seconds = window if stalled else t1 - t0
@@ -573,7 +664,8 @@ def run_mode(mode, fleet, spec, args, actor, config, inference):
       batch_mean=rows / batches if batches else 0.0,
       policy_ms_mean=1000 * (policy1 - policy0) / batches if batches else 0.0,
       cpu_server=cpu[0].seconds() / (t1 - t0),
-      cpu_envs=cpu[1].seconds() / (t1 - t0))
+      cpu_envs=cpu[1].seconds() / (t1 - t0),
+      cpu_replay=cpu[2].seconds() / (t1 - t0))
   if mode != 'baseline':
     record['server_p50_ms'] = stats.get('latency_ms/p50', 0.0)
     record['server_p99_ms'] = stats.get('latency_ms/p99', 0.0)
@@ -654,35 +746,48 @@ def run_fleet(name, args, actors, port):
   configs = [configlib.override(config, spec['per_env'][g[0]]) if
              spec['per_env'][g[0]] else config for g in groups]
   modes = list(args.modes)
-  if per > 1 and 'baseline' in modes:
+  if (per > 1 or args.wal) and 'baseline' in modes:
     # portal.BatchServer stacks whole calls: a multi-env call would become
-    # [batch, envs, ...]; upstream DreamerV3 has one env per process.
+    # [batch, envs, ...]; upstream DreamerV3 has one env per process. And
+    # it calls Actor.step: nothing is shipped to a replay (--wal).
     modes.remove('baseline')
-  rounds = {mode: [] for mode in modes}
+  wals = WAL_MODES if args.wal else (None,)
+  rounds = {(mode, wal): [] for mode in modes for wal in wals}
   with tempfile.TemporaryDirectory(prefix='actor_bench_') as outdir:
     fleet = Fleet(configs, groups, outdir, spec['stall'], spec['env_extra'])
+    replays = {}
     try:
+      if args.wal:
+        replays = start_replays(config, outdir)
       began = time.monotonic()
       fleet.start_all()
       fleet.wait_started()
       print(f'  {args.envs} envs in {len(groups)} processes started in '
             f'{time.monotonic() - began:.1f} s', flush=True)
       # Rounds through all modes: slow drifts of the machine (other load)
-      # hit every mode alike instead of one of them.
-      for _ in range(args.repeats):
+      # hit every mode alike instead of one of them. The WAL variants of a
+      # mode run back to back, first one and then the other in turn.
+      for index in range(args.repeats):
         for mode in modes:
-          record = run_mode(mode, fleet, spec, args, actor, config, inference)
-          rounds[mode].append(record)
-          print('  ' + _row(record, partial=True), flush=True)
+          for wal in (wals if index % 2 == 0 else wals[::-1]):
+            replay = None
+            if wal is not None:
+              proc, addr = replays[wal]
+              replay = (wal, addr, proc.pid)
+            record = run_mode(mode, fleet, spec, args, actor, config,
+                              inference, replay)
+            rounds[(mode, wal)].append(record)
+            print('  ' + _row(record, partial=True), flush=True)
     finally:
       fleet.stop()
+      stop_replays(replays)
     times, latency, durations = fleet.samples()
   if spec['mean_step'] is None:
     step = float(durations.mean()) if len(durations) else float('nan')
     limit = args.envs / step
   else:
     limit = nominal_limit(spec, args.envs)
-  records = [_combine(rounds[mode], times, latency) for mode in modes]
+  records = [_combine(each, times, latency) for each in rounds.values()]
   for record in records:
     record['envs_per_process'] = per
   base = next((r['sps'] for r in records if r['mode'] == 'baseline'), None)
@@ -709,7 +814,7 @@ def _combine(rounds, times, latency):
   lat = latency[inside] * 1000
   record = dict(
       fleet=first['fleet'], mode=first['mode'], envs=first['envs'],
-      sps=rows / seconds,
+      wal=first['wal'], sps=rows / seconds,
       p50_ms=float(np.percentile(lat, 50)) if len(lat) else None,
       p99_ms=float(np.percentile(lat, 99)) if len(lat) else None,
       stalled=any(r['stalled'] for r in rounds),
@@ -718,7 +823,7 @@ def _combine(rounds, times, latency):
       latency_samples=int(len(lat)),
       round_sps=[r['sps'] for r in rounds])
   weigh = lambda key: sum(r[key] * r['seconds'] for r in rounds) / seconds
-  for key in ('cpu_server', 'cpu_envs', 'load'):
+  for key in ('cpu_server', 'cpu_envs', 'cpu_replay', 'load'):
     record[key] = weigh(key)
   record['env_crashes'] = sum(r['env_crashes'] for r in rounds)
   record['policy_ms_mean'] = (
@@ -749,15 +854,21 @@ HEADER = ('| fleet | mode | env steps/s | x baseline | x limit | limit | '
           'p50 ms | p99 ms | batch | stalled |')
 
 
+def _name(r):
+  """The mode, and with --wal the replay's WAL mode."""
+  return r['mode'] + (f' wal {r["wal"]}' if r['wal'] else '')
+
+
 def _row(r, partial=False):
   if partial:
-    return (f'{r["fleet"]:10s} {r["mode"]:8s} {r["sps"]:8.1f} steps/s  '
+    return (f'{r["fleet"]:10s} {_name(r):8s} {r["sps"]:8.1f} steps/s  '
             f'batch {r["batch_mean"]:5.2f}  policy {r["policy_ms_mean"]:5.2f} '
             f'ms  cpu server {r["cpu_server"]:.2f} envs {r["cpu_envs"]:.2f}'
+            f'{"  replay %.2f" % r["cpu_replay"] if r["wal"] else ""}'
             f'  ready {_fmt(r.get("ready_s"))} s  load {r["load"]:.1f}'
             f'{"  STALLED" if r["stalled"] else ""}'
             f'{"  env crashes %d" % r["env_crashes"] if r["env_crashes"] else ""}')
-  return (f'| {r["fleet"]} | {r["mode"]} | {r["sps"]:.0f} | '
+  return (f'| {r["fleet"]} | {_name(r)} | {r["sps"]:.0f} | '
           f'{_fmt(r["ratio_baseline"], 2)} | {_fmt(r["ratio_limit"], 2)} | '
           f'{r["limit_sps"]:.0f} | {_fmt(r["p50_ms"])} | {_fmt(r["p99_ms"])} '
           f'| {r["batch_mean"]:.1f} | {"yes" if r["stalled"] else "no"} |')
@@ -785,6 +896,23 @@ def table(records):
   return '\n'.join(lines)
 
 
+def wal_table(records):
+  """--wal: env steps/s against the replay without and with its log."""
+  lines = ['| fleet | mode | env steps/s, wal off | wal flush | flush / off '
+           '| flush / off per round | replay cores, off / flush |',
+           '|' + ' --- |' * 7]
+  for off in [r for r in records if r['wal'] == 'off']:
+    on = next(r for r in records if r['wal'] == 'flush' and
+              (r['fleet'], r['mode']) == (off['fleet'], off['mode']))
+    per_round = ', '.join(
+        f'{b / a:.2f}' for a, b in zip(off['round_sps'], on['round_sps']))
+    lines.append(
+        f'| {off["fleet"]} | {off["mode"]} | {off["sps"]:.0f} | '
+        f'{on["sps"]:.0f} | {on["sps"] / off["sps"]:.3f} | {per_round} | '
+        f'{off["cpu_replay"]:.3f} / {on["cpu_replay"]:.3f} |')
+  return '\n'.join(lines)
+
+
 def plot(records, path):
   try:
     import matplotlib
@@ -794,15 +922,16 @@ def plot(records, path):
     print(f'matplotlib is not installed; skipping the plot {path}.')
     return
   fleets = list(dict.fromkeys(r['fleet'] for r in records))
-  modes = list(dict.fromkeys(r['mode'] for r in records))
+  modes = list(dict.fromkeys(_name(r) for r in records))
   colors = dict(zip(MODES, ('#888888', '#4c72b0', '#55a868', '#c44e52')))
   fig, axes = plt.subplots(
       1, len(fleets), figsize=(3.2 * len(fleets), 3.6), squeeze=False)
   for ax, fleet in zip(axes[0], fleets):
-    rows = {r['mode']: r for r in records if r['fleet'] == fleet}
+    rows = {_name(r): r for r in records if r['fleet'] == fleet}
     xs = range(len(modes))
     values = [rows[m]['sps'] if m in rows else 0 for m in modes]
-    bars = ax.bar(xs, values, color=[colors.get(m, 'k') for m in modes])
+    bars = ax.bar(xs, values, color=[colors.get(m.split()[0], 'k')
+                                     for m in modes])
     for bar, mode in zip(bars, modes):
       if mode in rows and rows[mode]['stalled']:
         bar.set_hatch('//')
@@ -864,6 +993,10 @@ def parse_args(argv=None):
   parser.add_argument('--wait_load', type=float, default=0.0,
                       help='before each fleet, wait (up to 15 min) until the '
                       '1-minute load average is below this (0: do not wait)')
+  parser.add_argument('--wal', action='store_true',
+                      help='ship transitions to a replay server process and '
+                      'run every mode against one with replay.wal off and '
+                      'one with flush, interleaved (no baseline)')
   parser.add_argument('--out', default=None, help='write the records as JSON')
   parser.add_argument('--plot', default=None, help='write a PNG bar chart')
   args = parser.parse_args(argv)
@@ -936,6 +1069,9 @@ def main(argv=None):
       record['baseline_of'] = 'fast'
   print()
   print(table(records))
+  if args.wal:
+    print()
+    print(wal_table(records))
   print(f'\n{time.monotonic() - start:.0f} s in all.')
   if args.out:
     with open(args.out, 'w') as f:

@@ -12,9 +12,9 @@ seconds, then stops the run with SIGTERM and checks:
   consistency  replay inserts + in-flight == train steps the actor served:
                served = ckpt/counters.json `steps` (train rows the actor
                answered and posted; eval rows are not counted), inserts =
-               ckpt/replay.json `limiter.size` (every train row the replay
-               stored, evicted ones included; eval rows go to the eval replay
-               and are not counted either), logger = ckpt/logger.json `step`
+               the train rows in the replay's chunk files after the final
+               save (the replay is sized so that nothing is evicted; eval
+               rows go to the eval replay), logger = ckpt/logger.json `step`
                (train rows the logger counted). All three are saved by the
                final, clean shutdown, so in-flight = served - inserts is what
                was still on the way when the agent stopped: add_batch calls
@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from chaos import stored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHUTDOWN_BUDGET = 30  # The runtime's 15 s per group plus the agent's save.
@@ -76,7 +78,7 @@ def soak(args, logdir, extra=()):
       '--run.envs', str(args.envs), '--run.eval_envs', '1',
       '--env.synthetic.step_time', str(args.step_time),
       '--env.synthetic.length', '100',
-      '--run.log_every', '5', *extra]
+      '--run.log_every', '5', '--replay.size', '1e8', *extra]
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   logdir.mkdir(parents=True, exist_ok=True)
   stdout = open(logdir / 'soak_stdout.log', 'w')
@@ -128,10 +130,9 @@ def soak(args, logdir, extra=()):
   leftover = [name for name, pid in _pids(logdir).items() if _alive(pid)]
 
   counters = _json(logdir / 'ckpt' / 'counters.json')
-  replay = _json(logdir / 'ckpt' / 'replay.json')
   logger = _json(logdir / 'ckpt' / 'logger.json')
   served = counters['steps']
-  inserts = replay['limiter']['size']
+  inserts = len(stored_rows(logdir / 'replay')['time'])
   inflight = served - inserts
   metrics = [json.loads(l) for l in (logdir / 'metrics.jsonl').open() if l]
   restarts = output.count('exited with code -9; restarting')

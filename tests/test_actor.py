@@ -3,6 +3,7 @@
 import collections
 import concurrent.futures
 import multiprocessing
+import threading
 import time
 
 import elements
@@ -18,6 +19,7 @@ from dreamer_ver.actor.actor import Actor
 from dreamer_ver.rpc.batch_server import BatchServer, Request
 from dreamer_ver.runtime.env_worker import run_envs
 from dreamer_ver.actor.params import ParamsStore
+from dreamer_ver.actor.shipping import SHIPMENT, Shipper
 from dreamer_ver.rpc.addresses import free_port
 
 
@@ -217,6 +219,32 @@ def test_rows_the_logger_missed_are_reported_with_the_next_rows():
   # Call 1 (env 0) and call 2 (envs 0, 1, env 0 already owing 1) failed.
   assert missed == [{0: 0, 1: 0}, {0: 0}, {0: 1, 1: 0}, {1: 1}, {0: 2, 1: 0}]
   assert actor.shipper.errors == 2
+
+
+def test_shipments_carry_one_id_each_and_leave_in_seq_order():
+  """ship() runs on every worker thread; the servers take a seq at or
+  below the newest they stored from a sender for a resend, so the calls
+  must leave in seq order, with the same id to replay and logger."""
+  replay, logger = Recorder(), FlakyLogger(drop=[])
+  shipper = Shipper(replay, logger)
+  trans = {'envid': np.arange(2), 'is_eval': np.zeros(2, bool)}
+
+  def ship():
+    for _ in range(50):
+      shipper.ship(trans, {})
+
+  threads = [threading.Thread(target=ship) for _ in range(4)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  ids = [batch[SHIPMENT].tolist() for batch in replay.batches]
+  assert ids == [[shipper.sender, seq] for seq in range(200)]
+  assert [call[SHIPMENT].tolist() for call in logger.calls] == ids
+  assert replay.batches[0][SHIPMENT].dtype == np.int64
+  assert SHIPMENT not in trans  # The caller's batch is left as it was.
+  assert shipper.served == 400
+  assert Shipper().sender != shipper.sender
 
 
 def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():

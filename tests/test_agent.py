@@ -347,3 +347,14 @@ def test_load_rejects_other_config(tmp_path):
                          small_config(**{'agent.rssm.deter': 16}))
   with pytest.raises(checkpoint.CheckpointMismatch, match=r"\['dyn'\]"):
     checkpoint.load(tmp_path / 'a.npz', other.init_state(other.init_params(0)))
+
+
+def test_latents_go_back_to_replay_only_when_a_context_reads_them():
+  obs_space, act_space = vector_spaces()
+  for context in (0, 1):
+    cfg = small_config(replay_context=context)
+    agent = agentlib.Agent(obs_space, act_space, cfg)
+    state = agent.init_state(agent.init_params(0))
+    batch = make_batch(agent, 2, cfg.batch_length + context)
+    outs = agent.train(state, agent.init_carry(2), batch)[2]
+    assert ('replay' in outs) == bool(context)

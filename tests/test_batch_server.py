@@ -445,3 +445,30 @@ def test_lanes_each_cut_their_own_connections_batches():
         ra = a.act({'x': np.array([5])})
         assert int(result(rd)['y'][0]) == 8 and int(result(ra)['y'][0]) == 10
   assert lanes == {0: {1, 3, 4, 5}, 1: {2}}
+
+
+def test_an_env_id_belongs_to_one_connection_at_a_time():
+  handler = Doubler()
+  x = np.array([1, 2], np.int64)
+  with serving(handler, production_cutoff('ver')) as (server, addr):
+    with connected(addr) as (second,):
+      with connected(addr) as (first,):
+        reply = result(first.act({'x': x, 'envid': np.int64(5)}))
+        np.testing.assert_array_equal(reply['y'], 2 * x)
+        # A second connection with the same id (alone or in a multi-env
+        # call) is refused, and never reaches the handler.
+        with pytest.raises(RuntimeError, match='env id 5 is already used'):
+          result(second.act({'x': 3 * x, 'envid': np.int64(5)}))
+        with pytest.raises(RuntimeError, match='env id 5 is already used'):
+          result(second.act({'x': np.stack([3 * x, 3 * x]),
+                             'envid': np.array([6, 5])}))
+        assert not any(b[0] == 3 for batch in handler.batches for b in batch)
+        # The owner goes on being served; other ids work on the other link.
+        reply = result(first.act({'x': 2 * x, 'envid': np.int64(5)}))
+        np.testing.assert_array_equal(reply['y'], 4 * x)
+        reply = result(second.act({'x': x, 'envid': np.int64(6)}))
+        np.testing.assert_array_equal(reply['y'], 2 * x)
+      # Once the owner disconnects, the id is free (a restarted env).
+      wait_until(lambda: len(server.socket.conns) == 1)
+      reply = result(second.act({'x': 5 * x, 'envid': np.int64(5)}))
+      np.testing.assert_array_equal(reply['y'], 10 * x)

@@ -177,3 +177,35 @@ def test_drop_mode_never_blocks_and_delivers_once_the_server_is_up():
       server.close()
   finally:
     client.close(timeout=2)
+
+
+def test_a_failed_receiver_fails_calls_in_flight_and_later_calls(monkeypatch):
+  """A receiver that dies of an unexpected error must not leave callers
+  waiting forever: the link reports the error, and the call in flight and
+  later calls fail with it."""
+  from dreamer_ver.rpc import wire
+  port = free_port()
+  server = _server(port)
+  recv = wire.recv
+  broken = threading.Event()
+
+  def recv_then_fail(*args, **kwargs):
+    frame = recv(*args, **kwargs)
+    if frame is not None and broken.is_set():
+      raise ValueError('receiver bug')
+    return frame
+
+  monkeypatch.setattr(wire, 'recv', recv_then_fail)
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=4)
+  try:
+    assert client.add(1, 2).result(timeout=10)['sum'] == 3
+    assert client.error is None
+    broken.set()
+    with pytest.raises(Disconnected, match='receiver bug'):
+      client.add(2, 3).result(timeout=10)
+    assert isinstance(client.error, ValueError)
+    with pytest.raises(Disconnected, match='receiver bug'):
+      client.add(4, 5)
+  finally:
+    client.close(timeout=2)
+    server.close()

@@ -247,6 +247,9 @@ def _component(logdir, script, flags, log):
 
 def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
     tmp_path):
+  """A split launch (launch/local.sh): SIGKILL the agent process; its
+  `parallel_agent` supervisor restarts it, it resumes from its checkpoint,
+  and the env processes reconnect without being restarted."""
   from dreamer_ver.rpc.addresses import free_port
   logdir = tmp_path / 'run'
   # Ends by SIGTERM, not by its step count (see the logger test).
@@ -258,11 +261,11 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
                  '--run.remote_replay', 'True']
   procs, envs = {}, {}
   try:
-    for name in ('parallel_logger', 'parallel_replay', 'parallel_envs'):
-      procs[name] = _component(logdir, name, flags, tmp_path / f'{name}.log')
-    agent = _component(
-        logdir, 'parallel_agent', agent_flags, tmp_path / 'agent1.log')
-    procs['agent1'] = agent
+    for name in ('parallel_logger', 'parallel_replay', 'parallel_envs',
+                 'parallel_agent'):
+      procs[name] = _component(
+          logdir, name, agent_flags if name == 'parallel_agent' else flags,
+          tmp_path / f'{name}.log')
     stored = lambda: max(
         (m.get('replay/items', 0) for m in _metrics(logdir)), default=0)
     assert _wait_for(
@@ -270,24 +273,25 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
             'agent never saved, or replay never logged its items')
     envs = {name: _pid(logdir, name) for name in ('env0', 'env1', 'env4')}
     items = stored()
-    agent.kill()
-    agent.wait()
+    first = _pid(logdir, 'agent')
+    os.kill(first, signal.SIGKILL)
     saved = _counters(logdir)
     lines = len(_metrics(logdir))
-    agent = _component(
-        logdir, 'parallel_agent', agent_flags, tmp_path / 'agent2.log')
-    procs['agent2'] = agent
-    # It resumes and makes progress: a later save has more steps and
-    # newer params than the one it started from.
+    # It is restarted, resumes and makes progress: a later save has more
+    # steps and newer params than the one it started from.
+    assert _wait_for(lambda: _pid(logdir, 'agent') not in (None, first), 60)
     assert _wait_for(lambda: (
         _counters(logdir)['steps'] > saved['steps'] + 100 and
         _counters(logdir)['version'] > saved['version']), 240), (
-            (tmp_path / 'agent2.log').read_text()[-3000:])
+            (tmp_path / 'parallel_agent.log').read_text()[-3000:])
+    agent = procs['parallel_agent']
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 0, (
-        tmp_path / 'agent2.log').read_text()[-3000:]
-    out = (tmp_path / 'agent2.log').read_text()
+        tmp_path / 'parallel_agent.log').read_text()[-3000:]
+    out = (tmp_path / 'parallel_agent.log').read_text()
+    assert 'agent exited with code -9; restarting' in out, out[-3000:]
     assert f'Agent resumed at step {saved["steps"]} ' in out, out[-3000:]
+    assert not _alive(_pid(logdir, 'agent'))
     # The env processes were never restarted: the same ones reconnected.
     assert envs == {name: _pid(logdir, name) for name in envs}
     assert all(_alive(pid) for pid in envs.values())
@@ -303,11 +307,75 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
   finally:
     for proc in procs.values():
       _kill(proc)
-    for path in (logdir / 'pids').glob('env*'):
+    for path in (logdir / 'pids').glob('*'):
       pid = int(path.read_text())
       if _alive(pid):
         os.kill(pid, signal.SIGKILL)
   assert not any(_alive(pid) for pid in envs.values())
+
+
+# Loaded by every Python process of the run through PYTHONPATH: once the
+# agent imports the learner, its third train step raises, in the first agent
+# process only (a marker file remembers it happened).
+LEARNER_FAULT = """
+import importlib.abc, importlib.util, os, sys
+
+class _Hook(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name != 'dreamer_ver.runtime.learner':
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    run_module = spec.loader.exec_module
+    def exec_module(module):
+      run_module(module)
+      train_step = module.Learner.train_step
+      calls = []
+      def failing_train_step(self, batch):
+        calls.append(1)
+        marker = os.environ['LEARNER_FAULT_MARKER']
+        if len(calls) == 3 and not os.path.exists(marker):
+          open(marker, 'w').close()
+          raise RuntimeError('injected learner fault')
+        return train_step(self, batch)
+      module.Learner.train_step = failing_train_step
+    spec.loader.exec_module = exec_module
+    return spec
+
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
+  (tmp_path / 'hook').mkdir()
+  (tmp_path / 'hook' / 'sitecustomize.py').write_text(LEARNER_FAULT)
+  marker = tmp_path / 'fault_happened'
+  logdir = tmp_path / 'run'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1',
+         'LEARNER_FAULT_MARKER': str(marker),
+         'PYTHONPATH': os.pathsep.join(
+             [str(tmp_path / 'hook'), os.environ.get('PYTHONPATH', '')])}
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
+       '--logdir', str(logdir), '--run.steps', '400', *FLAGS],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+  try:
+    out = proc.communicate(timeout=420)[0]
+  finally:
+    _kill(proc)
+  assert proc.returncode == 0, out[-3000:]
+  assert marker.exists(), 'the fault was never injected'
+  assert 'RuntimeError: injected learner fault' in out, out[-3000:]
+  assert out.count("Agent failed: the learner raised RuntimeError("
+                   "'injected learner fault')") == 1, out[-3000:]
+  assert 'agent exited with code 1; restarting' in out, out[-3000:]
+  assert 'Agent resumed at step' in out, out[-3000:]
+  # The restarted agent trained on (its params moved past the first
+  # agent's) and the run reached its step count.
+  counters = _counters(logdir)
+  assert counters['steps'] >= 400, counters
+  assert counters['version'] > 2, counters
 
 
 def _wait_for_stop(config, ready):
@@ -385,3 +453,20 @@ def test_restart_policy_is_a_parameter_of_start(tmp_path):
     assert children.restarts['left'] == 0 and children.procs['left'] is left
   finally:
     children.stop_all()
+
+
+def test_failure_names_the_first_dead_part_of_the_agent():
+  from types import SimpleNamespace as Fake
+  from dreamer_ver.runtime.agent_process import failure
+  server = Fake(error=None, socket=Fake(error=None))
+  links = {'actor to replay': Fake(error=None),
+           'learner to logger': Fake(error=None)}
+  assert failure([], server, links) is None
+  links['learner to logger'].error = OSError('bad fd')
+  assert failure([], server, links) == (
+      "the learner to logger link failed: OSError('bad fd')")
+  server.socket.error = ValueError('loop died')
+  assert failure([], server, links) == (
+      "the batch server failed: ValueError('loop died')")
+  assert failure([KeyError('x')], server, links) == (
+      "the learner raised KeyError('x')")

@@ -2,12 +2,12 @@
 
 import json
 import threading
-import time
 
 import numpy as np
 import portal
 import pytest
 
+from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.runtime.logger_server import LoggerService, serve_logger
 from dreamer_ver.rpc.addresses import free_port
@@ -243,13 +243,50 @@ def test_step_counter_resumes_after_save_and_load(tmp_path):
                     (1, 0.0, True, False, True), (1, 0.0, False, True, True)))
   service.save()
   assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text()) == {
-      'step': 2, 'episodes': 1, 'eval_episodes': 1}
+      'step': 2, 'episodes': 1, 'eval_episodes': 1, 'shipments': {}}
   restored = make_service(tmp_path)
   assert restored.load()
   assert restored.step == 2 and restored.episodes == 1
   restored.tran(rows((0, 0.0, True, False)))
   assert restored.write()['step'] == 3
   assert not make_service(tmp_path / 'fresh').load()
+
+
+def shipped(trans, seq, sender=7):
+  """The batch as the actor's Shipper sends it: with a shipment id."""
+  return {**trans, SHIPMENT: np.array([sender, seq], np.int64)}
+
+
+def test_a_resent_shipment_is_counted_once(tmp_path):
+  """The actor's link resends its calls in flight after a reconnect, so a
+  batch the logger counted can come again, with the same shipment id."""
+  service = make_service(tmp_path)
+  first = shipped(rows((0, 0.0, True, False), (1, 0.0, True, False)), 0)
+  second = shipped(rows((0, 2.0, False, True), (1, 1.0, False, False)), 1)
+  for batch in (first, second, first, second):
+    assert service.tran(batch) == {}
+  assert service.step == 4
+  assert [(s['env'], s['score']) for s in scores(tmp_path)] == [(0, 2.0)]
+  # Another sender numbers its shipments from 0 too.
+  service.tran(shipped(rows((1, 3.0, False, True)), 0, sender=8))
+  assert service.step == 5 and service.episodes == 2
+  with pytest.raises(ValueError, match="'shipment' must be an int array"):
+    service.tran({**rows((2, 0.0, True, False)),
+                  SHIPMENT: np.zeros(3, np.int64)})
+  assert service.step == 5
+
+  service.save()
+  assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text())[
+      'shipments'] == {'7': 1, '8': 0}
+  restored = make_service(tmp_path)
+  assert restored.load()
+  assert restored.tran(second) == {}  # Counted before the save.
+  assert restored.step == 5
+  restored.tran(shipped(rows((0, 0.0, True, False), (0, 4.0, False, True)),
+                        2))
+  assert restored.step == 7 and restored.episodes == 3
+  assert [(s['env'], s['score']) for s in scores(tmp_path)] == [
+      (0, 2.0), (1, 4.0), (0, 4.0)]
 
 
 @pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')

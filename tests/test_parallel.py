@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,78 @@ def test_parallel_runs_the_dmc_proprio_preset(tmp_path):
   assert code == 0, out[-3000:]
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 200 and counters['version'] >= 1, counters
+
+
+def _recipe(logdir, ports):
+  """The multi-host commands of launch/README.md, as written, for this
+  machine's loopback: (script flags per host, the FLAGS they share)."""
+  text = (ROOT / 'launch' / 'README.md').read_text()
+  block = text.split('On several hosts')[1].split('```')[1]
+  lines = [line.strip().rstrip('&').strip() for line in block.splitlines()]
+  shell = dict(line.split('=', 1) for line in lines
+               if '=' in line.split(' ')[0] and not line.startswith('#'))
+  shell = {k: v.strip('"') for k, v in shell.items()}
+  for key in ('A', 'R'):
+    shell['FLAGS'] = shell['FLAGS'].replace(f'${key}', '127.0.0.1')
+  flags = shell['FLAGS'].replace('/shared/run1', str(logdir))
+  for old, new in zip(('7001', '7002', '7003'), ports):
+    flags = flags.replace(f':{old}', f':{new}')
+  commands = [line.split('python -m dreamer_ver.main ')[1]
+              .replace('$FLAGS', flags) for line in lines
+              if line.startswith('python -m dreamer_ver.main')]
+  return [shlex.split(command) for command in commands]
+
+
+def test_the_multi_host_recipe_runs_as_written_on_loopback(tmp_path):
+  """Two env fleets with their own id offsets, eval envs on one of them,
+  all served by one agent: every env id's episodes arrive, train and eval
+  ids never collide, and no carry is refused."""
+  from dreamer_ver.rpc.addresses import free_port
+  logdir = tmp_path / 'run'
+  commands = _recipe(logdir, [free_port() for _ in range(3)])
+  assert [c[1] for c in commands] == [
+      'parallel_logger', 'parallel_agent', 'parallel_replay',
+      'parallel_envs', 'parallel_envs']
+  # A small task instead of dm_control; 4 envs per process keeps the
+  # process count down (ids and capacities stay as written).
+  test_flags = ['--configs', 'debug', '--task', 'synthetic_bandit',
+                '--env.synthetic.length', '10', '--run.envs_per_worker', '4',
+                '--run.log_every', '2', '--run.save_every', '5',
+                '--run.steps', '1500']
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  procs = []
+  try:
+    for i, command in enumerate(commands):
+      # The recipe's `--configs dmc_proprio` is replaced: the last value
+      # of a flag wins, so the test's configs come after it.
+      with open(tmp_path / f'{i}-{command[1]}.log', 'w') as log:
+        procs.append(subprocess.Popen(
+            [sys.executable, '-m', 'dreamer_ver.main', *command,
+             *test_flags], cwd=ROOT, env=env, stdout=log,
+            stderr=subprocess.STDOUT))
+    agent = procs[1]
+    code = agent.wait(timeout=420)
+    out = (tmp_path / '1-parallel_agent.log').read_text()
+    assert code == 0, out[-3000:]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.terminate()
+    for proc in procs:
+      try:
+        proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+  scores = [json.loads(line) for line in
+            (logdir / 'scores.jsonl').read_text().splitlines()]
+  train = {s['env'] for s in scores if not s['eval']}
+  evals = {s['env'] for s in scores if s['eval']}
+  # As the recipe says: host C train 0-15 and eval 16-19, host D 20-35.
+  assert train == set(range(16)) | set(range(20, 36)), sorted(train)
+  assert evals == set(range(16, 20)), sorted(evals)
+  metrics = [json.loads(line) for line in
+             (logdir / 'metrics.jsonl').read_text().splitlines()]
+  refused = [m['actor/carry_refused'] for m in metrics
+             if 'actor/carry_refused' in m]
+  assert refused and max(refused) == 0, refused
+  assert not _children_alive(logdir)

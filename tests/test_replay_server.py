@@ -16,6 +16,7 @@ import numpy as np
 import portal
 import pytest
 
+from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
 from dreamer_ver.runtime import logger_server, replay_server
@@ -120,15 +121,17 @@ def test_eval_rows_go_to_the_eval_replay_only(service):
 
 def test_limiter_blocks_sampling_before_minsize(tmp_path):
   # s = 4 / T = 1 sequence per insert, tolerance 4 * B = 8, minsize B * T = 8.
+  # The limiter counts sequences: 11 steps of one env make 11 - (T + C - 1)
+  # = 7 of them.
   service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
   try:
-    fill(service, 7, envids=(0,))
+    fill(service, 11, envids=(0,))
     with pytest.raises(TimeoutError, match='too few steps'):
       service.sample_batch_train(timeout=0.2)
     stats = service.stats()
     assert stats['limiter/sample_wait_count'] == 1
     assert stats['limiter/sample_wait_dur'] >= 0.2
-    fill(service, 3, envids=(0,), start=7)  # size 10: credit -8 + 3 = -5.
+    fill(service, 3, envids=(0,), start=11)  # size 10: credit -8 + 3 = -5.
     check_sequences(service.sample_batch_train(timeout=5), T + C)
     assert service.limiter.avail == -5 - B
   finally:
@@ -137,7 +140,8 @@ def test_limiter_blocks_sampling_before_minsize(tmp_path):
 
 def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
   service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
-  # Inserts earn credit from the 8th on; they stop at credit 8 = size 23.
+  # Inserts (sequences; the first T + C - 1 rows complete none) earn credit
+  # from the 8th on; they stop at credit 8 = size 23.
   rows = trans([0] * 40, range(40))
   done = threading.Event()
 
@@ -166,9 +170,35 @@ def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
     service.sample_batch_train(timeout=1)
 
 
+def test_many_envs_never_block_before_their_first_sequence(tmp_path):
+  """Rows that complete no sequence are not counted by the limiter, so more
+  envs than the limiter's fill and tolerance allow cannot stall the run
+  before the learner can sample anything (as counting steps did)."""
+  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  envids = range(40)  # 40 * (T + C - 1) = 160 rows: past minsize + tolerance.
+  done = threading.Event()
+
+  def add():
+    fill(service, T + C - 1, envids=envids)
+    done.set()
+
+  thread = threading.Thread(target=add, daemon=True)
+  thread.start()
+  try:
+    thread.join(timeout=10)
+    assert done.is_set(), 'add_batch blocked before any sequence existed'
+    assert service.limiter.size == 0 and len(service.train) == 0
+    # One sequence each for 10 envs (minsize 8 + tolerance 8 would let 16).
+    fill(service, 1, envids=range(10), start=T + C - 1)
+    assert service.limiter.size == 10
+    check_sequences(service.sample_batch_train(timeout=5), T + C, range(10))
+  finally:
+    service.close()
+
+
 def test_nothing_blocks_without_a_train_ratio(service):
   fill(service, 60)
-  assert service.limiter.size == 180
+  assert service.limiter.size == 3 * (60 - (T + C - 1))  # Sequences.
   start = time.monotonic()
   for _ in range(50):
     service.sample_batch_train(timeout=1)
@@ -211,6 +241,9 @@ def test_update_writes_latents_seen_by_later_samples(service):
      r"'count': expected rows of shape \(\) int64, received rows of shape "
      r"\(\) float64"),
     (lambda b: b.update(extra=np.zeros(3)), r"unexpected keys \['extra'\]"),
+    (lambda b: b.update({SHIPMENT: np.zeros(3, np.int64)}),
+     r"'shipment' must be an int array \[sender, seq\], received int64 "
+     r"\(3,\)"),
 ])
 def test_malformed_batch_raises_and_changes_nothing(
     service, break_batch, message):
@@ -229,10 +262,33 @@ def test_malformed_batch_raises_and_changes_nothing(
   check_sequences(service.sample_batch_train(timeout=5), T + C)
 
 
+def shipped(batch, seq, sender=7):
+  """The batch as the actor's Shipper sends it: with a shipment id."""
+  return {**batch, SHIPMENT: np.array([sender, seq], np.int64)}
+
+
+def test_a_resent_shipment_is_stored_once(service):
+  """A client resends its calls in flight after a reconnect, in order:
+  batches the service stored come again with their shipment ids."""
+  sent = [shipped(trans([0, 1], [t, t]), seq=t) for t in range(6)]
+  for batch in sent + sent[3:]:
+    assert service.add_batch(batch) == {}
+  # Another sender numbers its shipments from 0 too; a batch without an id
+  # is stored as it comes.
+  service.add_batch(shipped(trans([2], [0]), seq=0, sender=8))
+  service.add_batch(trans([2], [1]))
+  assert service.add_batch(shipped(trans([2], [0]), seq=0, sender=8)) == {}
+  # 6 steps of envs 0 and 1 (2 sequences each), 2 of env 2.
+  assert service.train.stats()['adds'] == 14
+  assert len(service.train) == service.limiter.size == 4
+  for _ in range(10):  # A stored repeat would break a sequence.
+    check_sequences(service.sample_batch_train(timeout=5), T + C, (0, 1))
+
+
 def test_save_and_load_restore_items_and_limiter(tmp_path):
   config = make_config(tmp_path, **{'run.train_ratio': 4.0})
   service = ReplayService(config)
-  fill(service, 7)  # 21 inserts: credit -8 + 14 = 6.
+  fill(service, 11)  # 3 * (11 - 4) = 21 sequences: credit -8 + 14 = 6.
   fill(service, 6, envids=(9,), is_eval=True)
   service.sample_batch_train(timeout=5)
   state = (service.limiter.size, service.limiter.avail)
@@ -246,13 +302,15 @@ def test_save_and_load_restore_items_and_limiter(tmp_path):
   try:
     loaded = restored.load()
     assert loaded == {'items': items, 'eval_items': eval_items,
-                      'limiter': True}
+                      'limiter': True, 'logged_rows': 0}
     assert (restored.limiter.size, restored.limiter.avail) == state
     assert len(restored.train) == items and len(restored.eval) == eval_items
     check_sequences(restored.sample_batch_train(timeout=5), T + C)
     check_sequences(restored.sample_batch_eval(), R + C, envids=(9,))
-    fill(restored, 2, start=7)  # Accepts data within the restored credit.
-    assert restored.limiter.size == state[0] + 6
+    # Accepts data within the restored credit (4 + 3 < 8). Each env's stream
+    # starts anew after a load: its first T + C - 1 rows complete none.
+    fill(restored, 5, start=11)
+    assert restored.limiter.size == state[0] + 3 * (5 - (T + C - 1))
   finally:
     restored.close()
 
@@ -326,7 +384,7 @@ def test_server_round_trip_and_sigterm(tmp_path):
   assert returncode == 0, output
   assert not logger.is_alive()
   state = json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())
-  assert state['limiter']['size'] == 18
+  assert state['limiter']['size'] == 3 * (6 - (T + C - 1))  # Sequences.
   assert list((tmp_path / 'replay').glob('*.npz'))
   assert list((tmp_path / 'replay_eval').glob('*.npz'))
 

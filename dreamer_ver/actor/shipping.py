@@ -7,11 +7,23 @@ so a full replay slows the actor down and never loses data; the logger link
 drops calls when the logger lags, and the rows it missed are reported with
 the next rows of the same env so the logger still counts every env step and
 never logs an episode with a hole in it.
+
+Every batch carries a shipment id, ``SHIPMENT``: ``[sender, seq]`` (int64),
+a random sender id fixed per Shipper and a counter. A client resends its
+calls in flight after a reconnect, so a server that took a batch but was
+killed before it replied gets it again; the id lets replay and logger take
+each shipment once. They treat a seq at or below the newest they took from
+its sender as a resend, so the calls leave in the order of their seqs.
 """
 
+import itertools
+import secrets
 import threading
 
 import numpy as np
+
+# The one key of a transition batch that is not a column of rows.
+SHIPMENT = 'shipment'
 
 
 class Shipper:
@@ -20,19 +32,27 @@ class Shipper:
   def __init__(self, replay=None, logger=None):
     self.replay = replay
     self.logger = logger
+    self.sender = secrets.randbits(63)  # Positive as an int64.
     self.served = 0  # train env steps shipped (eval rows excluded)
     self.errors = 0  # add_batch / tran calls that came back failed
     self._missed = {}  # envid -> its rows the logger has not received
     self._lock = threading.Lock()  # ship() runs on every worker thread
+    self._seqs = itertools.count()
+    # Held from taking a seq until its calls are sent (while the replay
+    # call blocks on back-pressure, too); never taken by a done callback.
+    self._send_order = threading.Lock()
 
   def ship(self, trans, logs):
     """Sends one batch's transitions (and its `log/` columns to the logger)."""
     with self._lock:
       self.served += int((~trans['is_eval']).sum())
-    if self.replay is not None:
-      self._watch(self.replay.add_batch(trans), 'replay.add_batch')
-    if self.logger is not None:
-      self._ship_log(trans, logs)
+    with self._send_order:
+      trans = {**trans, SHIPMENT: np.array(
+          [self.sender, next(self._seqs)], np.int64)}
+      if self.replay is not None:
+        self._watch(self.replay.add_batch(trans), 'replay.add_batch')
+      if self.logger is not None:
+        self._ship_log(trans, logs)
 
   def _ship_log(self, trans, logs):
     envids = trans['envid'].tolist()

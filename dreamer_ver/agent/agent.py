@@ -178,10 +178,12 @@ class Agent:
     metrics = dict(aux['metrics'])
     metrics.update(self._opt_metrics(loss, grads, updates, params))
     feat = aux['feat']
-    outs = {'replay': {
-        'stepid': stepid,
-        'dyn/deter': feat['deter'].astype(f32),
-        'dyn/stoch': feat['stoch'].astype(f32)}}
+    outs = {}
+    if self.context:  # Fresh latents for later batches to start from.
+      outs['replay'] = {
+          'stepid': stepid,
+          'dyn/deter': feat['deter'].astype(f32),
+          'dyn/stoch': feat['stoch'].astype(f32)}
     last = {k: batch[k][:, -1] for k in self.act_space}
     new_carry = {**aux['carry'], 'action': last}
     return new_state, new_carry, outs, metrics

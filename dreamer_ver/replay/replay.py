@@ -39,6 +39,12 @@ Files
   what the buffer holds (upstream never deleted chunk files). ``load``
   restores the newest items, in their original order. (``persistence.py``)
 
+  Steps added since the last save live in the replay server's write-ahead
+  log (``wal.py``), named by their row times (``add`` returns it; unique,
+  and kept in chunk files). After a load, ``row_times`` says which logged
+  steps the files already held, and ``restore`` re-adds the others under
+  their original times, so a later recovery recognises them again.
+
 Threads
   All bookkeeping happens under one lock, so ``add``, ``sample``, ``update``,
   ``save`` and ``load`` may be called from different threads. ``sample``
@@ -130,7 +136,32 @@ class Replay(Persistence):
     Keys starting with ``log/`` and the reserved keys (``stepid``, ``consec``)
     are dropped. The first step fixes the stored structure; a later step whose
     keys, shapes or dtypes differ raises ValueError and changes nothing.
+    Returns the step's row time, which names the step in a write-ahead log.
     """
+    return self._add(step, worker, stamp=None, queue=self.online)
+
+  def restore(self, step, worker, time):
+    """Appends a step recovered from a write-ahead log with the row time it
+    got from ``add``. Like loaded items, its items are not queued for online
+    training (they may have been trained on before the restart)."""
+    return self._add(step, worker, stamp=int(time), queue=False)
+
+  def completes_item(self, worker):
+    """Whether the next step of ``worker``'s stream completes a sequence
+    (a new item): true once the stream holds ``length - 1`` steps."""
+    with self._lock:
+      return len(self._pending.get(worker, ())) >= self.length - 1
+
+  def row_times(self):
+    """The row times of every step held, sorted: what a recovery checks
+    logged steps against."""
+    with self._lock:
+      # Filled rows never change, so views read outside the lock are safe.
+      parts = [chunk.times[:chunk.length] for chunk in self._chunks.values()
+               if chunk.length]
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+  def _add(self, step, worker, stamp, queue):
     step = _prepare_step(step)
     with self._lock:
       if self._spec is None:
@@ -148,7 +179,8 @@ class Replay(Persistence):
       row = chunk.length
       step['stepid'] = np.frombuffer(
           chunk.uuid + row.to_bytes(4, 'big'), np.uint8)
-      chunk.append(step)
+      stamp = chunklib.timestamp() if stamp is None else stamp
+      chunk.append(step, stamp)
       self._refs[chunk.uuid] += 1
       pending = self._pending[worker]
       pending.append((chunk, row))
@@ -161,8 +193,9 @@ class Replay(Persistence):
         start_chunk, start_row = pending.popleft()
         itemid = self._insert(start_chunk, start_row)
         position = self._written[worker] - self.length
-        if self.online and position % self.length == 0:
+        if queue and position % self.length == 0:
           self._queue.append(itemid)
+    return stamp
 
   def _check_step(self, step):
     problems = mismatches(self._spec, step)

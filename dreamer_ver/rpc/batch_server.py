@@ -27,6 +27,11 @@ cuts its own batches. A connection is routed to one lane for its lifetime
 (the lane with the fewest connections when it first calls), so the carries
 of its envs stay on one device.
 
+An env id belongs to one connection at a time: a call naming an id that
+another open connection uses gets an error (two env processes sharing an id
+would read and overwrite each other's carry); once that connection closes,
+the id is free for whoever calls with it next (a restarted env process).
+
 Bad input gets an error reply to the one caller that sent it (status 1 too
 short, 2 undecodable, 3 unknown method, 4 bad argument or handler error); the
 server keeps serving everyone else.
@@ -127,6 +132,7 @@ class BatchServer:
     self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
     self._cond = threading.Condition()
     self._lane_of = {}  # addr -> the _Queue serving that connection
+    self._owner = {}  # env id -> addr of the connection that uses it
     self._disconnects = 0  # socket.disconnects when the queue was last pruned
     self._stats = _Stats()
     self._running = False
@@ -250,15 +256,38 @@ class BatchServer:
       return []
     data = args[0]
     rows = self._rows(data)
-    if rows is None:
-      return [Request(addr, reqnum, data, arrival, self._envid(addr, data))]
     if isinstance(rows, str):
       self.socket.send_error(addr, reqnum, 4, rows)
       return []
-    rows = [{k: v[i] for k, v in data.items()} for i in range(rows)]
-    group = Group([self._envid(addr, row) for row in rows])
+    if rows is None:
+      envids, rows = [self._envid(addr, data)], None
+    else:
+      rows = [{k: v[i] for k, v in data.items()} for i in range(rows)]
+      envids = [self._envid(addr, row) for row in rows]
+    taken = self._claim(addr, envids)
+    if taken:
+      self.socket.send_error(addr, reqnum, 4, taken)
+      return []
+    if rows is None:
+      return [Request(addr, reqnum, data, arrival, envids[0])]
+    group = Group(envids)
     return [Request(addr, reqnum, row, arrival, envid, group, i)
-            for i, (row, envid) in enumerate(zip(rows, group.envids))]
+            for i, (row, envid) in enumerate(zip(rows, envids))]
+
+  def _claim(self, addr, envids):
+    """Marks the env ids as this connection's; an error message instead if
+    another open connection uses one of them."""
+    conns = self.socket.conns
+    for envid in envids:
+      owner = self._owner.get(envid, addr)
+      if owner != addr and owner in conns:
+        return (f'env id {envid} is already used by another connection '
+                f'({owner}); every env needs an id of its own (give each '
+                f'host its own run.envid_offset)')
+    for envid in envids:
+      if not isinstance(envid, tuple):  # An id, not the addr stand-in.
+        self._owner[envid] = addr
+    return None
 
   def _rows(self, data):
     """None for a one-env call, the row count for a multi-env call, or an

@@ -10,7 +10,10 @@ on from portal.Client -- `client.method(*args)` returns a future, at most
 `maxinflight` calls are outstanding (more block the caller), and it
 reconnects by itself and resends the calls still in flight -- with one
 receiver thread that sleeps in `select` until a reply arrives (waking twice
-a second to see whether the client was closed).
+a second to see whether the client was closed). Should the receiver itself
+fail, `error` says why, the calls in flight and every later call fail with
+it, and the owner (the agent's health check) sees a dead link instead of
+calls that never return.
 
 Locks: `_send_lock` orders every write to the socket (calls, and the resend
 after a reconnect, so no call is sent twice on one connection); `_cond`
@@ -61,8 +64,9 @@ class Client:
     self._send_lock = threading.Lock()
     self._sock = None
     self._stop = threading.Event()
+    self.error = None  # Why the receiver died; the link is dead then.
     self._thread = threading.Thread(
-        target=self._receive, name=f'{name}Receiver', daemon=True)
+        target=self._guard, name=f'{name}Receiver', daemon=True)
     self._thread.start()
 
   @property
@@ -91,6 +95,8 @@ class Client:
     reqnum = next(self._reqnums)
     parts = wire.request(reqnum, method, args)
     with self._send_lock:
+      if self.error is not None:
+        raise Disconnected(f'{self.name} failed: {self.error!r}')
       if self._stop.is_set():
         raise Disconnected(f'{self.name} is closed')
       with self._cond:
@@ -108,6 +114,9 @@ class Client:
     """Stops the receiver; calls still in flight fail with Disconnected."""
     self._stop.set()
     self._thread.join(timeout)
+    self._fail_inflight(Disconnected(f'{self.name} closed'))
+
+  def _fail_inflight(self, error):
     with self._send_lock, self._cond:
       if self._sock is not None:
         self._sock.close()
@@ -115,9 +124,17 @@ class Client:
       inflight, self._inflight = self._inflight, {}
       self._cond.notify_all()
     for _, future in inflight.values():
-      future.set_exception(Disconnected(f'{self.name} closed'))
+      future.set_exception(error)
 
   # ------------------------------------------------------------ receiver
+
+  def _guard(self):
+    try:
+      self._receive()
+    except Exception as error:
+      self.error = error
+      self._stop.set()  # Blocked callers wake up; later calls raise.
+      self._fail_inflight(Disconnected(f'{self.name} failed: {error!r}'))
 
   def _receive(self):
     while not self._stop.is_set():

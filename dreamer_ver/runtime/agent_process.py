@@ -12,8 +12,10 @@ The learner's state lives on the train device; the actor's params copies
 policy devices, one inference lane each.
 """
 
+import sys
 import threading
 import time
+import traceback
 
 import elements
 import jax
@@ -83,7 +85,14 @@ def build_learner(config, agent, state, store, ckpt, counters, logger):
 
 def run_agent(config):
   """Serves and trains until `run.steps` env steps are served, `run.duration`
-  seconds passed, or SIGINT/SIGTERM; saves the agent checkpoint; returns 0."""
+  seconds passed, or SIGINT/SIGTERM, then saves the agent and returns 0.
+
+  If a part of the agent dies -- the learner thread, a batch-server loop, a
+  link to replay or logger -- it prints the cause once, saves what is sound
+  (not the learner's state after the learner failed: the last checkpoint
+  stands) and returns 1, so the supervisor restarts the agent from its
+  checkpoint instead of serving on with frozen params or not at all.
+  """
   config = with_token(config)
   run = config.run
   stop = StopSignal()
@@ -99,6 +108,7 @@ def run_agent(config):
   learner = build_learner(config, agent, state, store, ckpt, counters, logger)
   shipper = actor.shipper
   start = time.monotonic()
+  failed = []  # The learner thread's exception, if it raised.
   done = lambda: bool(stop) or shipper.served >= run.steps or (
       run.duration > 0 and time.monotonic() - start >= run.duration)
   server.start()
@@ -110,15 +120,26 @@ def run_agent(config):
         counters['steps'] = shipper.served
         learner.save()
       return done()
-    learner.run(stop_or_save)
+    try:
+      learner.run(stop_or_save)
+    except Exception as error:
+      traceback.print_exc()
+      failed.append(error)
 
   learner_thread = threading.Thread(target=learn, name='Learner', daemon=True)
   learner_thread.start()
+  links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
+           'learner to replay': learner.replay, 'learner to logger': logger}
   should_log = elements.when.Clock(run.log_every)
   fps = elements.FPS()
   last = shipper.served
+  cause = None
   while not done():
     stop.wait(0.2)
+    cause = failure(failed, server, links)
+    if cause:
+      stop.set()  # Ends the learner's loop too.
+      break
     fps.step(shipper.served - last)
     last = shipper.served
     if should_log():
@@ -132,12 +153,34 @@ def run_agent(config):
 
   server.close()
   learner_thread.join()
-  counters['steps'] = shipper.served
-  learner.save()
-  print(f'Agent saved at step {shipper.served}.')
-  for client in (shipper.replay, shipper.logger, learner.replay, logger):
+  cause = cause or failure(failed, server, links)
+  if failed:
+    print(f'Agent failed: {cause}. Not saving the learner state; a restart '
+          f'resumes from the last checkpoint.', file=sys.stderr, flush=True)
+  else:
+    counters['steps'] = shipper.served
+    learner.save()
+    print(f'Agent saved at step {shipper.served}.')
+    if cause:
+      print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
+  for client in links.values():
     client.close(timeout=1)
-  return 0
+  return 1 if cause else 0
+
+
+def failure(learner_errors, server, links):
+  """Why the agent cannot go on, or None while every part is alive: the
+  learner thread (the exceptions it raised), the batch server (its loops and
+  socket) and the client links (name -> Client)."""
+  if learner_errors:
+    return f'the learner raised {learner_errors[0]!r}'
+  error = server.error or server.socket.error
+  if error is not None:
+    return f'the batch server failed: {error!r}'
+  for name, client in links.items():
+    if client.error is not None:
+      return f'the {name} link failed: {client.error!r}'
+  return None
 
 
 def actor_stats(stats):

@@ -106,7 +106,8 @@ class Learner:
     self.counters['version'] += 1
     self.params.publish(
         policy_params(self.state['params']), self.counters['version'])
-    self.replay.update(jax.device_get(outs['replay']))
+    if 'replay' in outs:  # Only with replay_context: nothing reads them else.
+      self.replay.update(jax.device_get(outs['replay']))
     for key, value in mets.items():
       self.metrics[key].append(value)
 

@@ -7,13 +7,20 @@
   are grouped per env id into episodes; a finished train episode becomes
   ``episode/score`` and ``episode/length``, a finished eval episode
   ``eval_episode/score`` and ``eval_episode/length`` (upstream mixed the two),
-  and each one is a line in ``scores.jsonl``. An episode whose start was not
+  and each one is a line in ``scores.jsonl`` (with the episode's mean of each
+  scalar ``log/`` key). An episode whose start was not
   seen, or that was cut by a new ``is_first`` (``parallel/ep_abandoned``), or
   whose env went silent for ``run.episode_timeout`` seconds, or that has a
   hole (``parallel/ep_gap``) is never logged. The optional column ``missed``
   says how many earlier rows of that env never arrived (the actor's link
   drops batches rather than wait for a slow logger): their train steps are
-  still counted, and the env's open episode is dropped.
+  still counted, and the env's open episode is dropped. A batch stamped
+  with a shipment id (``actor/shipping.py``) whose seq is at or below the
+  newest one counted from its sender is a resend (the client resends its
+  calls in flight after a reconnect) and is ignored. The newest seq per
+  sender is saved with the counters, so a resend of a batch counted before
+  the last save is ignored after a restart too; batches counted after it
+  are lost at a kill, and their resends counted, as before.
 * ``add(metrics)`` gets scalars from the other components; each key is
   averaged until the next ``write()``.
 * ``write()`` appends one line to ``metrics.jsonl`` (and TensorBoard if asked
@@ -49,7 +56,7 @@ from dreamer_ver.files import write_json
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.runtime.process import (
     StopSignal, run_periodically, server_kwargs)
-from dreamer_ver.runtime.transitions import check_rows
+from dreamer_ver.runtime.transitions import check_rows, shipment_of
 
 REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
 
@@ -89,6 +96,7 @@ class LoggerService:
     self._step = 0
     self._episodes_done = {'train': 0, 'eval': 0}
     self._open = {}  # envid -> _Episode
+    self._shipments = {}  # sender -> seq of its newest shipment counted
     self._means = collections.defaultdict(lambda: [0.0, 0])  # key -> [sum, n]
     self._counts = collections.Counter()  # parallel/* counters per write
     self._latest = {}  # 'score', 'eval_score', 'fps/train' -> last value
@@ -109,14 +117,21 @@ class LoggerService:
   # --------------------------------------------------------- transitions
 
   def tran(self, trans):
-    """Counts env steps and aggregates episodes from a transition batch."""
+    """Counts env steps and aggregates episodes from a transition batch
+    (unless it is a resend of one already counted)."""
     columns, logs = self._check(trans)
+    shipment = shipment_of(trans, 'tran')
     envids, is_eval = columns['envid'], columns['is_eval']
     is_first, is_last = columns['is_first'], columns['is_last']
     rewards = columns['reward']
     missed = columns.get('missed')
     with self._lock:
       self.activity += 1
+      if shipment is not None:
+        sender, seq = shipment
+        if seq <= self._shipments.get(sender, -1):
+          return {}
+        self._shipments[sender] = seq
       now = self.clock()
       for i in range(len(envids)):
         envid, evaluating = int(envids[i]), bool(is_eval[i])
@@ -162,7 +177,9 @@ class LoggerService:
     self._latest['eval_score' if episode.is_eval else 'score'] = score
     record = {
         'step': self._step, 'env': envid, 'score': score, 'length': length,
-        'eval': episode.is_eval, 'time': time.time()}
+        'eval': episode.is_eval, 'time': time.time(),
+        # The episode's mean of each scalar log/ key (e.g. log/episode).
+        **{key: total / count for key, (total, count) in episode.logs.items()}}
     if 'jsonl' in self.outputs:
       with self.scores_path.open('a') as file:
         file.write(json.dumps(record) + '\n')
@@ -287,10 +304,13 @@ class LoggerService:
   # --------------------------------------------------------- save / load
 
   def save(self):
-    """Writes the step counter and episode counts atomically."""
+    """Writes the step counter, episode counts and the newest shipment
+    counted per sender atomically."""
     with self._lock:
       state = {'step': self._step, 'episodes': self._episodes_done['train'],
-               'eval_episodes': self._episodes_done['eval']}
+               'eval_episodes': self._episodes_done['eval'],
+               'shipments': {str(sender): seq
+                             for sender, seq in self._shipments.items()}}
     write_json(self.ckpt, state)
 
   def load(self):
@@ -302,6 +322,8 @@ class LoggerService:
       self._step = int(state['step'])
       self._episodes_done['train'] = int(state.get('episodes', 0))
       self._episodes_done['eval'] = int(state.get('eval_episodes', 0))
+      self._shipments = {int(sender): int(seq) for sender, seq
+                         in state.get('shipments', {}).items()}
       self._last_write = (self._step, self.clock())
     return True
 

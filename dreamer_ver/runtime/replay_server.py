@@ -12,6 +12,45 @@
 * every wait gives up when the service is closing, so a stop never hangs on a
   blocked caller.
 
+Write-ahead log (``replay/wal.py``, in ``logdir/replay_wal``; ``replay.wal``
+says how hard it flushes): rows the service acknowledged survive a SIGKILL.
+
+* ``add_batch`` stores each row, counts it in the limiter (if it completes a
+  sequence) and notes it under one lock (``_log_lock``), and appends the
+  rows it stored as one record (with the limiter's count of them),
+  committed before it replies; ``sample_batch_train`` logs the sequences it
+  counts (committed with the next batch: a kill may lose a few, leaving the
+  learner that much extra credit).
+* ``save`` takes its cut under the same lock: it logs the rows noted so
+  far, reads the limiter and rotates the log, so the checkpoint's limiter
+  counts exactly the records before the generation it names. The covered
+  segments are dropped once the checkpoint is on disk.
+* ``load`` loads the checkpoint, then goes through the later records in
+  order: rows that the loaded chunk files lack are re-added to their env's
+  stream under their row times (the files may hold rows logged after the
+  cut, and those are recognised by row time), and every logged insert and
+  sample is redone in the limiter, which ends where it stood at the kill.
+* Recovered rows continue each env's stream after its saved chunks (split
+  there, as at any restart), get new step ids (a learner's update for an
+  old one is skipped, as for an evicted step), and are not queued for
+  online training, as loaded items are not. Latents written back by
+  ``update`` since the last save are not logged.
+* A batch logged but not yet answered at the kill comes back too, and the
+  client resends its calls in flight after reconnecting (``rpc/client.py``).
+  Shipment ids keep that from storing rows twice, below.
+
+Shipments are stored once. The actor stamps each batch with a shipment id
+``[sender, seq]`` (``actor/shipping.py``) and sends them in seq order; the
+service remembers, per sender, the newest shipment it stored and how many of
+its rows (``_shipments``, updated with each row under the log lock, carried
+by each log record and by the checkpoint, so a recovery restores it). A
+batch with an older seq, or the same one fully stored, is answered {}
+without storing anything: a resend. One whose rows were cut short (by a
+stop, or by a kill after a save's cut fell inside it) stores the rest when
+resent. A lower seq can only be a resend because add_batch calls run one at
+a time in arrival order and a reconnected client resends in order, before
+its new calls. A batch without an id is stored as it comes.
+
 ``serve_replay(config)`` is the process: it exposes the service over portal's
 protocol (``rpc_server.py``; one worker per method, so a blocked
 ``add_batch`` never blocks sampling),
@@ -20,9 +59,9 @@ saves periodically and sends stats to the logger without ever waiting on it.
 What is stored: every column of the transition batch except ``envid`` and
 ``is_eval`` (they route the row: env id = replay stream, is_eval = which
 replay) and ``version`` (the policy version is a logging concern; dropping it
-keeps int64 columns out of the learner's jitted batch). ``log/*`` keys are
-dropped too. The learner's batches hold the stored keys plus ``stepid`` and
-``consec``.
+keeps int64 columns out of the learner's jitted batch). ``log/*`` keys and
+the shipment id are dropped too. The learner's batches hold the stored keys
+plus ``stepid`` and ``consec``.
 
 This module imports neither JAX nor the agent.
 """
@@ -37,14 +76,18 @@ import numpy as np
 from dreamer_ver.files import write_json
 from dreamer_ver.replay import build
 from dreamer_ver.replay.replay import RESERVED_KEYS, mismatches
+from dreamer_ver.replay.wal import WriteAheadLog
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, run_periodically, server_kwargs)
 from dreamer_ver.rpc.server import Server
-from dreamer_ver.runtime.transitions import check_rows
+from dreamer_ver.runtime.transitions import check_rows, shipment_of
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
+# Prefix of the stored columns in a log record (apart from its envid,
+# is_eval, time, inserts and shipment; a column may have any name).
+STEP = 'step/'
 
 METHODS = (
     'add_batch', 'sample_batch_train', 'sample_batch_report',
@@ -74,6 +117,14 @@ class ReplayService:
     self.eval = build.eval_replay(config, logdir)
     self.limiter = build.make_limiter(config)
     self.ckpt = logdir / 'ckpt' / 'replay.json'
+    self.wal = WriteAheadLog(logdir / 'replay_wal', config.replay.wal)
+    # Storing a row, counting it and noting it for the log happen under this
+    # lock, as do log appends and a save's cut: the cut falls between rows.
+    self._log_lock = threading.Lock()
+    self._unlogged = None  # _Unlogged rows of the running add_batch
+    # sender -> (seq, rows): its newest shipment stored, and how many of
+    # that batch's rows (all but for a batch cut short).
+    self._shipments = {}
 
     self.poll = poll
     self._closing = threading.Event()
@@ -90,22 +141,65 @@ class ReplayService:
     """Stores a transition batch; train rows wait for the limiter.
 
     The whole batch is checked before any row is stored, so a malformed
-    batch raises ValueError and changes nothing. Returns {}.
+    batch raises ValueError and changes nothing. The stored rows are in the
+    write-ahead log before it returns. Calls are serialized (the server runs
+    one worker per method). A resent shipment stores only the rows it did
+    not store before (none, unless it was cut short). Returns {}.
     """
     self.activity += 1
     envid, is_eval, data = self._check_batch(trans)
-    for index in range(len(envid)):
-      step = {key: value[index] for key, value in data.items()}
-      worker = int(envid[index])
-      if is_eval[index]:
-        self.eval.add(step, worker=worker)
-        continue
-      if not self._wait('insert', self.limiter.want_insert):
-        return {}  # Closing: the rest of the batch is not stored.
-      self.train.add(step, worker=worker)
-      self.limiter.insert()
-      self._notify()
+    shipment = shipment_of(trans, 'add_batch')
+    unlogged = self._unlogged = _Unlogged(envid, is_eval, data, shipment)
+    try:
+      for index in range(self._first_new_row(shipment, len(envid)),
+                         len(envid)):
+        # The limiter counts sequences (items), as upstream: a row that
+        # completes none never waits, or a fleet with more envs than the
+        # limiter's fill tolerance would block before any sequence exists.
+        counts = not is_eval[index] and self.train.completes_item(
+            int(envid[index]))
+        if counts and not self._wait('insert', self.limiter.want_insert):
+          break  # Closing: the rest of the batch is not stored.
+        self._store(unlogged, index, counts)
+    finally:
+      with self._log_lock:
+        self._unlogged = None
+        self._log(unlogged)
+        self.wal.commit()  # Before the reply: what is acknowledged is logged.
     return {}
+
+  def _first_new_row(self, shipment, rows):
+    """The first row of a batch of ``rows`` rows that is not stored yet:
+    0 for a new shipment or a batch without an id, ``rows`` for an older
+    one, and for the newest one the rows it stored."""
+    if shipment is None:
+      return 0
+    sender, seq = shipment
+    stored_seq, stored_rows = self._shipments.get(sender, (-1, 0))
+    if seq < stored_seq:
+      return rows
+    return stored_rows if seq == stored_seq else 0
+
+  def _store(self, unlogged, index, counts):
+    step = {key: value[index] for key, value in unlogged.data.items()}
+    worker = int(unlogged.envid[index])
+    evaluating = unlogged.is_eval[index]
+    with self._log_lock:
+      replay = self.eval if evaluating else self.train
+      unlogged.note(index, replay.add(step, worker=worker), counts)
+      if counts:
+        self.limiter.insert()
+      if unlogged.shipment is not None:
+        sender, seq = unlogged.shipment
+        self._shipments[sender] = (seq, index + 1)
+    if not evaluating:
+      self._notify()
+
+  def _log(self, unlogged):
+    """Appends the rows noted so far as one record; holds _log_lock."""
+    record = unlogged.take()
+    if record is not None:
+      self.wal.append(record)
 
   def update(self, data):
     """Writes values (the learner's latents) back at their step ids."""
@@ -126,7 +220,9 @@ class ReplayService:
     deadline = None if timeout is None else time.monotonic() + timeout
     if not self._wait('sample', self.limiter.want_sample, timeout):
       raise Closing('Replay is closing.')
-    self.limiter.sample(self.batch_size)  # The limiter counts sequences.
+    with self._log_lock:
+      self.limiter.sample(self.batch_size)  # The limiter counts sequences.
+      self.wal.append({'samples': self.batch_size})
     self._notify()
     return self._sample(self.train, 'train', deadline)
 
@@ -264,30 +360,77 @@ class ReplayService:
   # ---------------------------------------------------------- save / load
 
   def save(self):
-    """Replays write changed chunks, then the limiter state goes to
-    ``ckpt/replay.json`` atomically.
+    """Replays write changed chunks, then the limiter state and the log
+    generation it covers go to ``ckpt/replay.json`` atomically; then the
+    covered log segments are dropped.
 
-    The limiter is read before the chunks are written, and the json is only
-    written once they are on disk, so a crash at any point leaves a saved
-    insert count no larger than the saved rows (writing the json while the
-    chunks were still queued let a kill leave a count ahead of the data).
+    The cut comes first, under the log lock: the rows the running add_batch
+    stored so far are logged, the limiter is read and the log rotated. The
+    chunks are written after the cut, so they hold every row before it (and
+    maybe rows after it, which a recovery recognises by row time); the json
+    is only written once they are on disk, and the segments are only dropped
+    once the json is. A crash at any point leaves the old json with every
+    segment since its generation, or the new json with every segment since
+    its own.
     """
-    state = {'limiter': self.limiter.save(), 'time': time.time()}
+    with self._log_lock:
+      if self._unlogged is not None:
+        self._log(self._unlogged)
+      state = {'limiter': self.limiter.save(),
+               'shipments': {str(sender): list(stored) for sender, stored
+                             in self._shipments.items()},
+               'wal_generation': self.wal.rotate(), 'time': time.time()}
     self.train.save(wait=True)
     self.eval.save(wait=True)
     write_json(self.ckpt, state)
+    self.wal.drop_before(state['wal_generation'])
 
   def load(self):
-    """Restores the newest saved sequences and the limiter state."""
+    """Restores the newest saved sequences and the limiter state, then
+    replays the write-ahead log since that checkpoint on top."""
     items = self.train.load()
     eval_items = self.eval.load()
-    limiter = False
+    limiter, covered = False, 0
     if self.ckpt.exists():
-      self.limiter.load(json.loads(self.ckpt.read_text())['limiter'])
+      state = json.loads(self.ckpt.read_text())
+      self.limiter.load(state['limiter'])
+      self._shipments = {
+          int(sender): tuple(stored)
+          for sender, stored in state.get('shipments', {}).items()}
+      covered = state.get('wal_generation', 0)  # Older checkpoints: no log.
       limiter = True
+    with self._log_lock:
+      logged_rows = self._recover(covered)
     self._last_counts = _counts(self.train.stats())
     self._last_eval_counts = _counts(self.eval.stats())
-    return {'items': items, 'eval_items': eval_items, 'limiter': limiter}
+    return {'items': items, 'eval_items': eval_items, 'limiter': limiter,
+            'logged_rows': logged_rows}
+
+  def _recover(self, covered):
+    """Replays the log records since generation ``covered``: re-adds the
+    rows the loaded chunks lack, redoes every insert and sample in the
+    limiter (the checkpoint's counts end at the cut) and brings the stored
+    shipments up to date. Returns the number of rows re-added."""
+    held = {False: self.train.row_times(), True: self.eval.row_times()}
+    added = 0
+    for record in self.wal.recover(covered):
+      if 'samples' in record:
+        self.limiter.sample(int(record['samples']))
+        continue
+      is_eval, times = record['is_eval'], record['time']
+      self.limiter.insert(int(record['inserts']))
+      if 'shipment' in record:
+        sender, seq, rows = record['shipment'].tolist()
+        self._shipments[sender] = (seq, rows)
+      columns = {key[len(STEP):]: value for key, value in record.items()
+                 if key.startswith(STEP)}
+      for evals, replay in ((False, self.train), (True, self.eval)):
+        rows = np.flatnonzero(is_eval == evals)
+        for row in rows[~_contains(held[evals], times[rows])]:
+          step = {key: value[row] for key, value in columns.items()}
+          replay.restore(step, int(record['envid'][row]), times[row])
+          added += 1
+    return added
 
   def interrupt(self):
     """Makes blocked and later waits give up (the service is stopping)."""
@@ -297,6 +440,8 @@ class ReplayService:
   def close(self):
     """Stops waits, finishes pending file writes."""
     self.interrupt()
+    with self._log_lock:
+      self.wal.close()
     self.train.close()
     self.eval.close()
 
@@ -310,7 +455,8 @@ def serve_replay(config, stop=None):
   loaded = service.load()
   print(
       f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '
-      f'eval sequences from {service.logdir}', flush=True)
+      f'eval sequences and {loaded["logged_rows"]} logged rows from '
+      f'{service.logdir}', flush=True)
   addr = config.run.replay_addr
   server = Server(addr, 'Replay', quiet=(Closing,),
                   **server_kwargs(config))
@@ -350,6 +496,52 @@ def serve_replay(config, stop=None):
 
 
 # ------------------------------------------------------------------ helpers
+
+class _Unlogged:
+  """The rows of one add_batch that are stored but not yet logged;
+  ``shipment``: the batch's (sender, seq), or None."""
+
+  def __init__(self, envid, is_eval, data, shipment):
+    self.envid, self.is_eval, self.data = envid, is_eval, data
+    self.shipment = shipment
+    self.rows, self.times, self.inserts = [], [], 0
+
+  def note(self, row, time, counts=False):
+    """Row `row` was stored at `time`; `counts`: the limiter counted it."""
+    self.rows.append(row)
+    self.times.append(time)
+    self.inserts += int(counts)
+
+  def take(self):
+    """The noted rows as one log record (None if there are none); the
+    rows count as logged afterwards."""
+    if not self.rows:
+      return None
+    rows = np.array(self.rows)
+    whole = len(rows) == len(self.envid)  # All rows, in order: no copies.
+    pick = lambda array: array if whole else array[rows]
+    record = {
+        'envid': pick(self.envid), 'is_eval': pick(self.is_eval),
+        'time': np.array(self.times, np.int64),
+        'inserts': np.int64(self.inserts),
+        **{STEP + key: pick(value) for key, value in self.data.items()}}
+    if self.shipment is not None:
+      # [sender, seq, rows of the batch stored so far]: rows are stored in
+      # order, so those up to the last one noted.
+      record['shipment'] = np.array(
+          [*self.shipment, self.rows[-1] + 1], np.int64)
+    self.rows, self.times, self.inserts = [], [], 0
+    return record
+
+
+def _contains(sorted_values, values):
+  """Which of ``values`` are in the sorted array ``sorted_values``."""
+  if not len(sorted_values):
+    return np.zeros(len(values), bool)
+  at = np.minimum(np.searchsorted(sorted_values, values),
+                  len(sorted_values) - 1)
+  return sorted_values[at] == values
+
 
 def _counts(stats):
   return {key: stats[key] for key in ('adds', 'samples', 'updates')}

@@ -102,11 +102,19 @@ class Children:
                    stop_order=order)
 
   def wait_for(self, name, stop):
-    proc = self.procs[name]
-    while proc.is_alive() and not stop:
+    """Waits until child `name` exits 0 or `stop` is set; returns 0 then.
+    While it crashes, it is restarted if it was started with `restart=True`
+    (the wait goes on); otherwise its exit code is returned."""
+    while not stop:
       self.supervise()
+      with self.lock:
+        proc = self.procs[name]
       proc.join(0.2)
-    return proc.exitcode if not proc.is_alive() else 0
+      if proc.exitcode == 0:
+        return 0
+      if proc.exitcode is not None and not self.specs[name][3]:
+        return proc.exitcode
+    return 0
 
   def stop_all(self):
     with self.lock:  # Waits for a restart in progress; no restarts after.

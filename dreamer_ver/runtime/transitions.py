@@ -1,19 +1,23 @@
 """The shape every transition batch on the wire has, checked in one place.
 
 A batch is a dict of arrays with one row per env step: `envid` is an int
-array [N] and every other value has N rows. The replay and logger servers
-check it before touching their state, so a malformed batch changes nothing
-and its caller gets an error naming the key.
+array [N] and every other value has N rows, except the optional shipment id
+(`SHIPMENT`: int [sender, seq], stamped by the actor's Shipper) by which a
+server recognises a resent batch. The replay and logger servers check it
+before touching their state, so a malformed batch changes nothing and its
+caller gets an error naming the key.
 """
 
 import collections.abc
 
 import numpy as np
 
+from dreamer_ver.actor.shipping import SHIPMENT
+
 
 def check_rows(trans, method, required=()):
-  """{key: array} of `trans`, or TypeError / ValueError naming `method`,
-  the key, and what was expected."""
+  """{key: array} of the columns of `trans` (every key but `SHIPMENT`), or
+  TypeError / ValueError naming `method`, the key, and what was expected."""
   if not isinstance(trans, collections.abc.Mapping):
     raise TypeError(
         f'{method} expects a dict of arrays, got {type(trans).__name__}.')
@@ -21,7 +25,8 @@ def check_rows(trans, method, required=()):
   if missing:
     raise ValueError(
         f'{method}: missing keys {missing}; received keys {sorted(trans)}.')
-  arrays = {key: np.asarray(value) for key, value in trans.items()}
+  arrays = {key: np.asarray(value) for key, value in trans.items()
+            if key != SHIPMENT}
   envid = arrays['envid']
   if envid.ndim != 1 or not np.issubdtype(envid.dtype, np.integer):
     raise ValueError(
@@ -37,3 +42,17 @@ def check_rows(trans, method, required=()):
     if value.dtype == object:
       raise ValueError(f'{method}: key {key!r} has dtype object.')
   return arrays
+
+
+def shipment_of(trans, method):
+  """(sender, seq) of a batch's shipment id, None for a batch without one,
+  or ValueError naming `method`."""
+  if SHIPMENT not in trans:
+    return None
+  shipment = np.asarray(trans[SHIPMENT])
+  if shipment.shape != (2,) or not np.issubdtype(shipment.dtype, np.integer):
+    raise ValueError(
+        f"{method}: {SHIPMENT!r} must be an int array [sender, seq], "
+        f'received {shipment.dtype} {shipment.shape}.')
+  sender, seq = shipment.tolist()
+  return sender, seq

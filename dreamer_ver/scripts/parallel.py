@@ -1,58 +1,49 @@
 """The parallel scripts: every component, alone or all together.
 
   parallel         everything on one machine: env processes, replay and
-                   logger processes, and the agent (actor + learner threads)
+                   logger processes, and the agent process (actor + learner
+                   threads), all supervised by this process
   parallel_env     one env process (`--replica i` is its env id)
   parallel_envs    a fleet of env processes (ids from `run.envid_offset`)
-  parallel_replay  the replay server
-  parallel_logger  the logger server
-  parallel_agent   the actor and learner
+  parallel_replay  the replay server, in a supervised child process
+  parallel_logger  the logger server, in a supervised child process
+  parallel_agent   the actor and learner, in a supervised child process
 
 Components find each other by `run.actor_addr`, `run.replay_addr` and
 `run.logger_addr`. The run stops by itself once `run.steps` train env steps
 are served, or on SIGINT/SIGTERM; every component saves before it exits.
-This module only wires processes; what runs in each is in `runtime/`. The
-agent process is imported only where it runs, so the env-only scripts never
-load JAX.
+A component that crashes (exits non-zero) is restarted with backoff and
+resumes from its checkpoint; the others reconnect by themselves. This
+module only wires processes; what runs in each is in `runtime/`, and the
+processes that start them never load JAX.
 """
 
 from dreamer_ver.rpc.addresses import fill_auto_ports
 from dreamer_ver.runtime.env_worker import run_env
-from dreamer_ver.runtime.logger_server import serve_logger
 from dreamer_ver.runtime.process import StopSignal, with_token
-from dreamer_ver.runtime.replay_server import serve_replay
 from dreamer_ver.runtime.supervisor import Children
+
+AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
+REPLAY = 'dreamer_ver.runtime.replay_server:serve_replay'
+LOGGER = 'dreamer_ver.runtime.logger_server:serve_logger'
 
 SERVERS_STOP_LAST = 1  # envs and agent stop first, so the servers save all
 
 
 def parallel(config):
-  """All components on this machine; the agent runs in this process."""
+  """All components on this machine, each in a supervised child process.
+  Returns 0 once the agent finished (or on SIGINT/SIGTERM)."""
   config = with_token(_with_ports(config))
   run = config.run
+  stop = StopSignal()
   children = Children()
-  children.start('logger', 'dreamer_ver.runtime.logger_server:serve_logger',
-                 config, stop_order=SERVERS_STOP_LAST)
+  children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST)
   if not run.remote_replay:
-    children.start('replay', 'dreamer_ver.runtime.replay_server:serve_replay',
-                   config, stop_order=SERVERS_STOP_LAST)
+    children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST)
   if not run.remote_envs:
     _start_env_workers(children, config, offset=0)
-  # Supervise on a thread of its own: the agent's loop can block on a client
-  # call to a dead server (once a client's in-flight window is full it
-  # waits for the reconnect), and that server must still get restarted.
-  children.supervise_in_background()
-  try:
-    if run.agent_process:
-      children.start('agent', 'dreamer_ver.runtime.agent_process:run_agent',
-                     config, restart=False)
-      code = children.wait_for('agent', StopSignal())
-    else:
-      from dreamer_ver.runtime.agent_process import run_agent
-      code = run_agent(config)
-  finally:
-    children.stop_all()
-  return code
+  children.start('agent', AGENT, config)
+  return _wait(children, 'agent', stop)
 
 
 def parallel_env(config):
@@ -73,16 +64,35 @@ def parallel_envs(config):
 
 
 def parallel_replay(config):
-  return serve_replay(with_token(config))
+  return _supervised(config, 'replay', REPLAY)
 
 
 def parallel_logger(config):
-  return serve_logger(with_token(config))
+  return _supervised(config, 'logger', LOGGER)
 
 
 def parallel_agent(config):
-  from dreamer_ver.runtime.agent_process import run_agent
-  return run_agent(config)
+  return _supervised(config, 'agent', AGENT)
+
+
+def _supervised(config, name, target):
+  """One component of a split launch, restarted whenever it crashes."""
+  stop = StopSignal()
+  children = Children()
+  children.start(name, target, with_token(config))
+  return _wait(children, name, stop)
+
+
+def _wait(children, name, stop):
+  """Supervises until child `name` finishes (or SIGINT/SIGTERM), then stops
+  every child. Supervision runs on a thread of its own as well: a child may
+  wait on a dead server (a client's full in-flight window blocks until the
+  reconnect), and that server must still get restarted."""
+  children.supervise_in_background()
+  try:
+    return children.wait_for(name, stop)
+  finally:
+    children.stop_all()
 
 
 def _with_ports(config):

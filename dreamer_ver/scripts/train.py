@@ -87,7 +87,8 @@ def train(config):
       limiter.sample(config.batch_size)  # The limiter counts sequences.
       batch = replay.sample(config.batch_size)
       state, train_carry, outs, mets = agent.train(state, train_carry, batch)
-      replay.update(jax.device_get(outs['replay']))
+      if 'replay' in outs:
+        replay.update(jax.device_get(outs['replay']))
       counters['version'] += 1
       fps_train.step(config.batch_size * config.batch_length)
       for k, v in mets.items():

@@ -1,0 +1,317 @@
+"""Chaos soak: a parallel run in which random components keep getting SIGKILLed.
+
+Runs `python -m dreamer_ver.main --script parallel` on the `debug` config
+with the `synthetic_tagged` task (every step is named by its env's seed, the
+env process's pid and a serial number; every episode by an id, see
+envs/synthetic.py) for `--minutes` (counted from the first env step). Every
+20-40 s (`--kill_every LOW HIGH`) it SIGKILLs one component: an env process,
+the replay server, the logger server or the agent, in shuffled rounds so each
+kind is hit equally often. Then it stops the run with SIGTERM and checks
+what the run left on disk:
+
+  steps       env steps the logger counted (ckpt/logger.json)
+  restarts    per component kind, processes that replaced a killed one (pid
+              files in logdir/pids)
+  exit        the run exits 0 after SIGTERM and leaves no child running
+  lost rows   stored train rows (the replay's chunk files after the final
+              save) of one env process whose serials skip a number inside an
+              episode: a row the replay acknowledged and then lost (or a row
+              in flight that was never resent). A killed agent or env ends
+              its envs' episodes (they restart with is_first), so the rows
+              it had not shipped yet never leave a hole.
+  duplicated  stored train rows whose (seed, pid, serial) appears twice
+  carries     pairs of consecutive stored rows of one env (not an episode
+              start) whose second latent is not what the policy computes
+              from the first row's latent and action: the actor gave that env
+              another env's carry. The run uses `agent.opt.lr 0`, so the
+              params in the final checkpoint are the ones every step used, and
+              `replay_context 0`, so the learner writes no latents back over
+              the actor's: the soak recomputes each step's deterministic
+              state from the stored rows.
+  episodes    logged episodes (scores.jsonl) whose id appears twice, or
+              whose length is not the episode length (a hole)
+  idle        the longest time no train row was stored (by row times)
+
+  python bench/chaos.py --minutes 10 --out chaos.json
+"""
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ('env', 'replay', 'logger', 'agent')
+SHUTDOWN_BUDGET = 60  # The runtime's 15 s per stop group plus the saves.
+QUIET_END = 20  # No kills in the last seconds: the killed come back first.
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--minutes', type=float, default=10.0)
+  parser.add_argument('--kill_every', type=float, nargs=2, default=(20, 40))
+  parser.add_argument('--envs', type=int, default=4)
+  parser.add_argument('--length', type=int, default=50)
+  parser.add_argument('--step_time', type=float, default=0.01)
+  parser.add_argument('--logdir', default='')
+  parser.add_argument('--out', default='')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--startup', type=float, default=600.0,
+                      help='seconds to wait for the first env step')
+  args = parser.parse_args()
+  logdir = Path(args.logdir or tempfile.mkdtemp(prefix='chaos_'))
+  report = chaos(logdir, args.minutes, args.kill_every, args.envs,
+                 args.length, args.step_time, args.seed, args.startup)
+  print(format_report(report), flush=True)
+  if args.out:
+    Path(args.out).write_text(json.dumps(report, indent=2) + '\n')
+  return 0 if report['ok'] else 1
+
+
+def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
+          seed=0, startup=600.0):
+  """Runs the soak; returns the report (a dict; `ok` says if it passed)."""
+  rng = random.Random(seed)
+  flags = {
+      'configs': 'debug', 'task': 'synthetic_tagged', 'logdir': str(logdir),
+      'run.steps': '1e9', 'run.envs': envs, 'run.eval_envs': 1,
+      'env.synthetic.length': length, 'env.synthetic.step_time': step_time,
+      'agent.opt.lr': 0, 'replay_context': 0, 'replay.size': '1e7',
+      'run.log_every': 2,
+      'run.save_every': 10}
+  command = [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel']
+  for key, value in flags.items():
+    command += [f'--{key}', str(value)]
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  logdir.mkdir(parents=True, exist_ok=True)
+  stdout = open(logdir / 'chaos_stdout.log', 'w')
+  proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout,
+                          stderr=subprocess.STDOUT)
+  report = {'command': ' '.join(command), 'logdir': str(logdir),
+            'minutes': minutes, 'kill_every': list(kill_every)}
+  kills, seen = [], collections.defaultdict(set)  # kind -> pids seen
+  try:
+    if not _wait(lambda: _logger_step(logdir) > 0 or proc.poll() is not None,
+                 startup) or proc.poll() is not None:
+      raise RuntimeError(f'the run never started (see {stdout.name})')
+    start = time.monotonic()
+    deadline = start + minutes * 60
+    order = []
+    next_kill = start + rng.uniform(*kill_every)
+    while time.monotonic() < deadline:
+      if proc.poll() is not None:
+        raise RuntimeError(f'the run exited early with {proc.returncode}')
+      for name, pid in _pids(logdir).items():
+        seen[_kind(name)].add(pid)
+      now = time.monotonic()
+      if now >= next_kill and now < deadline - QUIET_END:
+        order = order or rng.sample(KINDS, len(KINDS))
+        kills.append(_kill(logdir, order.pop(), rng, now - start))
+        next_kill = now + rng.uniform(*kill_every)
+      time.sleep(0.5)
+    for name, pid in _pids(logdir).items():
+      seen[_kind(name)].add(pid)
+    stop_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+      code = proc.wait(timeout=SHUTDOWN_BUDGET)
+    except subprocess.TimeoutExpired:
+      code = None
+    report['shutdown_s'] = round(time.monotonic() - stop_at, 1)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    stdout.close()
+  leftover = [name for name, pid in _pids(logdir).items() if _alive(pid)]
+  killed = collections.Counter(k['kind'] for k in kills if k['pid'])
+  envs_started = len(seen['env'])
+  report.update({
+      'exit_code': code, 'left_running': leftover, 'kills': kills,
+      'killed': dict(killed),
+      # A kill is followed by a new process of its kind (envs: one per env
+      # process, so their restarts are the pids beyond the first of each).
+      'restarts': {kind: len(seen[kind]) - (
+          len([n for n in _pids(logdir) if _kind(n) == 'env'])
+          if kind == 'env' else 1) for kind in KINDS},
+      'env_processes_seen': envs_started,
+      'steps': _json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
+  report.update(check_rows(logdir, length))
+  report['ok'] = bool(
+      code == 0 and not leftover and report['lost_rows'] == 0 and
+      report['duplicated_rows'] == 0 and report['carries_mixed'] == 0 and
+      report['episodes_twice'] == 0 and report['episodes_with_holes'] == 0
+      and all(report['restarts'][k] >= killed[k] for k in killed))
+  return report
+
+
+# ------------------------------------------------------------------ checks
+
+def check_rows(logdir, length):
+  """The stored-data checks of the module docstring."""
+  rows = ordered_rows(logdir)
+  tag = rows['tag']
+  same_env = (tag[1:, :2] == tag[:-1, :2]).all(1)
+  step = tag[1:, 2] - tag[:-1, 2]
+  first = rows['is_first'][1:].astype(bool)
+  duplicated = int((same_env & (step == 0)).sum())
+  lost = int((same_env & (step > 1) & ~first).sum())
+  pairs = carry_pairs(rows)
+  mixed = carries_mixed(logdir, rows, pairs)
+  times = np.sort(rows['time'])
+  scores = [json.loads(line) for line in
+            (Path(logdir) / 'scores.jsonl').read_text().splitlines()]
+  ids = collections.Counter(
+      (s['env'], s['log/pid'], s['log/episode']) for s in scores)
+  return {
+      'stored_rows': int(len(tag)), 'lost_rows': lost,
+      'duplicated_rows': duplicated, 'checked_carries': int(len(pairs)),
+      'carries_mixed': mixed, 'episodes_logged': len(scores),
+      'episodes_twice': sum(n - 1 for n in ids.values()),
+      'episodes_with_holes': sum(s['length'] != length for s in scores),
+      'longest_idle_s': round(float(np.diff(times).max()) / 1e9, 1)
+      if len(times) > 1 else None}
+
+
+def ordered_rows(logdir):
+  """The stored train rows, ordered by env process and serial."""
+  rows = stored_rows(Path(logdir) / 'replay')
+  tag = rows['tag']
+  order = np.lexsort((tag[:, 2], tag[:, 1], tag[:, 0]))
+  return {k: v[order] for k, v in rows.items()}
+
+
+def carry_pairs(rows):
+  """Indices i where ordered rows i and i + 1 are consecutive steps of one
+  env process within an episode: row i's carry is what row i + 1 used."""
+  tag = rows['tag']
+  return np.flatnonzero(
+      (tag[1:, :2] == tag[:-1, :2]).all(1) & (tag[1:, 2] - tag[:-1, 2] == 1)
+      & ~rows['is_first'][1:].astype(bool))
+
+
+def stored_rows(directory):
+  """Every row of the chunk files in `directory` (a kill mid-rewrite can
+  leave two files of one chunk: the longer one holds all rows) with its
+  row time under `time`."""
+  from dreamer_ver.replay.chunk import Chunk
+  chunks = {}
+  for path in Path(directory).glob('*.npz'):
+    chunk = Chunk.load(path)
+    if chunk.uuid not in chunks or chunk.length > chunks[chunk.uuid].length:
+      chunks[chunk.uuid] = chunk
+  chunks = [c for c in chunks.values() if c.length]
+  rows = {k: np.concatenate([c.data[k] for c in chunks])
+          for k in chunks[0].data}
+  rows['time'] = np.concatenate([c.times for c in chunks])
+  return rows
+
+
+def carries_mixed(logdir, rows, pairs, batch=1024):
+  """How many of `pairs` (index i: rows i and i + 1 of one env) disagree
+  with the policy: the state it computes from row i's latent and action and
+  row i + 1's observation must be the stored latent of row i + 1."""
+  import elements
+  import jax
+  from dreamer_ver.agent import checkpoint
+  from dreamer_ver.agent.agent import policy_params
+  from dreamer_ver.runtime.agent_process import build_agent
+  config = elements.Config.load(Path(logdir) / 'config.yaml')
+  agent = build_agent(config)
+  _, state, _ = checkpoint.restore(agent, config)
+  params = policy_params(state['params'])
+  step = jax.jit(lambda carry, obs: agent.policy_step(
+      params, carry, obs, jax.random.PRNGKey(0))[2]['dyn/deter'])
+  mixed = 0
+  for begin in range(0, len(pairs), batch):
+    i = pairs[begin:begin + batch]
+    carry = {'deter': rows['dyn/deter'][i], 'stoch': rows['dyn/stoch'][i],
+             'action': {k: rows[k][i] for k in agent.act_space}}
+    obs = {k: rows[k][i + 1] for k in agent.obs_space
+           if not k.startswith('log/')}
+    deter = np.asarray(step(carry, obs))
+    mixed += int((~np.isclose(deter, rows['dyn/deter'][i + 1],
+                              rtol=1e-3, atol=1e-4).all(1)).sum())
+  return mixed
+
+
+# ----------------------------------------------------------------- helpers
+
+def _kill(logdir, kind, rng, at):
+  """SIGKILLs one process of `kind`; returns what was done."""
+  names = sorted(n for n in _pids(logdir) if _kind(n) == kind)
+  name = rng.choice(names) if names else None
+  pid = _pids(logdir).get(name)
+  if pid is not None and _alive(pid):
+    os.kill(pid, signal.SIGKILL)
+  else:
+    pid = None  # Not running right now (restarting): nothing was killed.
+  return {'t': round(at, 1), 'kind': kind, 'name': name, 'pid': pid}
+
+
+def _kind(name):
+  return 'env' if name.startswith('env') else name
+
+
+def _pids(logdir):
+  pids = {}
+  for path in (Path(logdir) / 'pids').glob('*'):
+    try:
+      pids[path.name] = int(path.read_text())
+    except (OSError, ValueError):
+      pass  # Being rewritten by a restart.
+  return pids
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+    return True
+  except ProcessLookupError:
+    return False
+
+
+def _json(path):
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _logger_step(logdir):
+  path = Path(logdir) / 'metrics.jsonl'
+  if not path.exists():
+    return 0
+  lines = path.read_text().splitlines()
+  return json.loads(lines[-1]).get('step', 0) if lines else 0
+
+
+def _wait(predicate, timeout, poll=0.5):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if predicate():
+      return True
+    time.sleep(poll)
+  return False
+
+
+def format_report(report):
+  lines = [f"chaos soak: {'PASS' if report['ok'] else 'FAIL'} "
+           f"({report['minutes']} min, a kill every "
+           f"{report['kill_every'][0]:g}-{report['kill_every'][1]:g} s)"]
+  for key in ('steps', 'killed', 'restarts', 'exit_code', 'shutdown_s',
+              'left_running', 'stored_rows', 'lost_rows', 'duplicated_rows',
+              'checked_carries', 'carries_mixed', 'episodes_logged',
+              'episodes_twice', 'episodes_with_holes', 'longest_idle_s'):
+    lines.append(f'  {key:20} {report.get(key)}')
+  return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+  sys.exit(main())
