@@ -98,10 +98,11 @@ def test_killed_env_and_replay_are_restarted_and_the_run_goes_on(tmp_path):
   assert 'replay exited with code -9; restarting' in out
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] > served
-  # Transitions lost with the replay: every train step the actor served
-  # went to replay (a clean run ends with rows stored == steps served), so
-  # the shortfall at the end is what the killed replay held but had not
-  # saved: what arrived after the snapshot of its last completed save.
+  # Transitions lost with the replay: none. Every row the replay
+  # acknowledged is in its write-ahead log, and resent batches are stored
+  # once, so the only shortfall at the end is what was still in flight when
+  # the agent stopped (its replay link holds at most 8 calls of at most
+  # run.envs + run.eval_envs = 5 rows).
   final = json.loads((logdir / 'ckpt' / 'replay.json').read_text())
   rows = _chunk_rows(logdir)
   lost = counters['steps'] - rows
@@ -113,10 +114,9 @@ def test_killed_env_and_replay_are_restarted_and_the_run_goes_on(tmp_path):
         f'chunk files; restart: {loaded[-1].split(" from ")[0]!r}; run end: '
         f'actor served {counters["steps"]}, replay rows {rows}, replay '
         f'inserts counted {final["limiter"]["size"]}; LOST {lost} '
-        f'transitions (bound: arrivals since the last save <= {fps:.0f} '
+        f'transitions (arrivals since the last save: <= {fps:.0f} '
         f'steps/s x {since_save:.2f} s = {fps * since_save:.0f})')
-  # A batch cut by the kill mid-save is resent whole: a few rows twice.
-  assert -5 <= lost <= fps * (since_save + 1), (lost, since_save, fps)
+  assert 0 <= lost <= 8 * 5, (lost, since_save, fps)
   # The saved count never runs ahead of the saved rows.
   assert saved_rows >= saved['limiter']['size']
   assert rows >= final['limiter']['size']
