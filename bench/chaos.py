@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+import watch
+
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ('env', 'replay', 'logger', 'agent')
 SHUTDOWN_BUDGET = 60  # The runtime's 15 s per stop group plus the saves.
@@ -100,7 +102,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
             'minutes': minutes, 'kill_every': list(kill_every)}
   kills, seen = [], collections.defaultdict(set)  # kind -> pids seen
   try:
-    if not _wait(lambda: _logger_step(logdir) > 0 or proc.poll() is not None,
+    if not watch.wait(lambda: watch.logger_step(logdir) > 0 or proc.poll() is not None,
                  startup) or proc.poll() is not None:
       raise RuntimeError(f'the run never started (see {stdout.name})')
     start = time.monotonic()
@@ -110,7 +112,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
     while time.monotonic() < deadline:
       if proc.poll() is not None:
         raise RuntimeError(f'the run exited early with {proc.returncode}')
-      for name, pid in _pids(logdir).items():
+      for name, pid in watch.pids(logdir).items():
         seen[_kind(name)].add(pid)
       now = time.monotonic()
       if now >= next_kill and now < deadline - QUIET_END:
@@ -118,7 +120,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
         kills.append(_kill(logdir, order.pop(), rng, now - start))
         next_kill = now + rng.uniform(*kill_every)
       time.sleep(0.5)
-    for name, pid in _pids(logdir).items():
+    for name, pid in watch.pids(logdir).items():
       seen[_kind(name)].add(pid)
     stop_at = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -132,7 +134,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       proc.kill()
       proc.wait()
     stdout.close()
-  leftover = [name for name, pid in _pids(logdir).items() if _alive(pid)]
+  leftover = [name for name, pid in watch.pids(logdir).items() if watch.alive(pid)]
   killed = collections.Counter(k['kind'] for k in kills if k['pid'])
   envs_started = len(seen['env'])
   report.update({
@@ -141,10 +143,10 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       # A kill is followed by a new process of its kind (envs: one per env
       # process, so their restarts are the pids beyond the first of each).
       'restarts': {kind: len(seen[kind]) - (
-          len([n for n in _pids(logdir) if _kind(n) == 'env'])
+          len([n for n in watch.pids(logdir) if _kind(n) == 'env'])
           if kind == 'env' else 1) for kind in KINDS},
       'env_processes_seen': envs_started,
-      'steps': _json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
+      'steps': watch.read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
   report.update(check_rows(logdir, length))
   report['ok'] = bool(
       code == 0 and not leftover and report['lost_rows'] == 0 and
@@ -248,10 +250,10 @@ def carries_mixed(logdir, rows, pairs, batch=1024):
 
 def _kill(logdir, kind, rng, at):
   """SIGKILLs one process of `kind`; returns what was done."""
-  names = sorted(n for n in _pids(logdir) if _kind(n) == kind)
+  names = sorted(n for n in watch.pids(logdir) if _kind(n) == kind)
   name = rng.choice(names) if names else None
-  pid = _pids(logdir).get(name)
-  if pid is not None and _alive(pid):
+  pid = watch.pids(logdir).get(name)
+  if pid is not None and watch.alive(pid):
     os.kill(pid, signal.SIGKILL)
   else:
     pid = None  # Not running right now (restarting): nothing was killed.
@@ -260,45 +262,6 @@ def _kill(logdir, kind, rng, at):
 
 def _kind(name):
   return 'env' if name.startswith('env') else name
-
-
-def _pids(logdir):
-  pids = {}
-  for path in (Path(logdir) / 'pids').glob('*'):
-    try:
-      pids[path.name] = int(path.read_text())
-    except (OSError, ValueError):
-      pass  # Being rewritten by a restart.
-  return pids
-
-
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-    return True
-  except ProcessLookupError:
-    return False
-
-
-def _json(path):
-  return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _logger_step(logdir):
-  path = Path(logdir) / 'metrics.jsonl'
-  if not path.exists():
-    return 0
-  lines = path.read_text().splitlines()
-  return json.loads(lines[-1]).get('step', 0) if lines else 0
-
-
-def _wait(predicate, timeout, poll=0.5):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    time.sleep(poll)
-  return False
 
 
 def format_report(report):

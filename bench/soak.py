@@ -22,8 +22,8 @@ seconds, then stops the run with SIGTERM and checks:
                or rows the replay dropped because its limiter wait was
                interrupted by the stop. A killed env loses nothing here: its
                rows count as served only once posted to replay.
-  memory       VmRSS of every component (agent = the top-level process,
-               replay, logger, each env process) at the start of the soak and
+  memory       VmRSS of every component (the top-level `parallel` process,
+               agent, replay, logger, each env process) at the start of the soak and
                at its end; a restarted env is a new process (pid shown).
 
 Prints a short report and writes it as JSON (`--out`).
@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import watch
 from chaos import stored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,13 +90,13 @@ def soak(args, logdir, extra=()):
             'minutes': args.minutes, 'kill_every': args.kill_every}
   kills, steps = [], []  # steps: (seconds since soak start, logger step)
   try:
-    if not _wait(lambda: _logger_step(logdir) > 0 or proc.poll() is not None,
+    if not watch.wait(lambda: watch.logger_step(logdir) > 0 or proc.poll() is not None,
                  args.startup) or proc.poll() is not None:
       raise RuntimeError(f'the run never started (see {stdout.name})')
     report['startup_s'] = round(time.monotonic() - launched, 1)
     start = time.monotonic()
     rss_start = _rss_all(logdir, proc.pid)
-    steps.append((0.0, _logger_step(logdir)))
+    steps.append((0.0, watch.logger_step(logdir)))
     next_kill = start + args.kill_every
     deadline = start + args.minutes * 60
     while time.monotonic() < deadline:
@@ -103,7 +104,7 @@ def soak(args, logdir, extra=()):
         raise RuntimeError(f'the run exited early with {proc.returncode}')
       time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
       now = time.monotonic()
-      steps.append((round(now - start, 1), _logger_step(logdir)))
+      steps.append((round(now - start, 1), watch.logger_step(logdir)))
       if now >= next_kill and now < deadline - 1:
         next_kill += args.kill_every
         kills.append(_kill_random_env(logdir, rng, now - start))
@@ -127,10 +128,10 @@ def soak(args, logdir, extra=()):
   end_t, end_step = steps[-1]
   before = [s for t, s in steps if t <= end_t - 60] or [steps[0][1]]
   grew = end_step - before[-1]
-  leftover = [name for name, pid in _pids(logdir).items() if _alive(pid)]
+  leftover = [name for name, pid in watch.pids(logdir).items() if watch.alive(pid)]
 
-  counters = _json(logdir / 'ckpt' / 'counters.json')
-  logger = _json(logdir / 'ckpt' / 'logger.json')
+  counters = watch.read_json(logdir / 'ckpt' / 'counters.json')
+  logger = watch.read_json(logdir / 'ckpt' / 'logger.json')
   served = counters['steps']
   inserts = len(stored_rows(logdir / 'replay')['time'])
   inflight = served - inserts
@@ -211,8 +212,8 @@ def format_report(r):
 # ------------------------------------------------------------------ helpers
 
 def _kill_random_env(logdir, rng, t):
-  pids = {name: pid for name, pid in _pids(logdir).items()
-          if name.startswith('env') and _alive(pid)}
+  pids = {name: pid for name, pid in watch.pids(logdir).items()
+          if name.startswith('env') and watch.alive(pid)}
   if not pids:
     return {'t': round(t, 1), 'env': None, 'pid': None}
   name = rng.choice(sorted(pids))
@@ -223,19 +224,10 @@ def _kill_random_env(logdir, rng, t):
   return {'t': round(t, 1), 'env': name, 'pid': pids[name]}
 
 
-def _pids(logdir):
-  pids = {}
-  for path in (Path(logdir) / 'pids').glob('*'):
-    try:
-      pids[path.name] = int(path.read_text())
-    except (OSError, ValueError):
-      pass
-  return pids
-
-
-def _rss_all(logdir, agent_pid):
-  """{component: (pid, VmRSS MB)}; the agent runs in the top-level process."""
-  found = {'agent': agent_pid, **_pids(logdir)}
+def _rss_all(logdir, top_pid):
+  """{component: (pid, VmRSS MB)}: the top-level (supervising) process as
+  `parallel`, and every child in `logdir/pids`."""
+  found = {'parallel': top_pid, **watch.pids(logdir)}
   out = {}
   for name, pid in found.items():
     mb = _rss_mb(pid)
@@ -254,54 +246,12 @@ def _rss_mb(pid):
   return None
 
 
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  # A zombie is dead too (its parent has not reaped it yet).
-  try:
-    stat = Path(f'/proc/{pid}/stat').read_text()
-  except FileNotFoundError:
-    return False
-  return stat.rsplit(')', 1)[1].split()[0] != 'Z'
-
-
-def _logger_step(logdir):
-  """The logger's env step from the last metrics line (0 before any)."""
-  path = Path(logdir) / 'metrics.jsonl'
-  if not path.exists():
-    return 0
-  with path.open('rb') as file:
-    file.seek(max(0, path.stat().st_size - 65536))
-    lines = [l for l in file.read().splitlines() if l.strip()]
-  for line in reversed(lines):
-    try:
-      return json.loads(line)['step']
-    except (ValueError, KeyError):
-      continue
-  return 0
-
-
-def _json(path):
-  return json.loads(Path(path).read_text())
-
-
 def _order(name):
-  head = {'agent': 0, 'replay': 1, 'logger': 2}
+  head = {'parallel': 0, 'agent': 1, 'replay': 2, 'logger': 3}
   if name in head:
     return (head[name], 0)
   digits = ''.join(c for c in name.split('-')[0] if c.isdigit())
-  return (3, int(digits or 0))
-
-
-def _wait(predicate, timeout, poll=1.0):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    time.sleep(poll)
-  return False
+  return (4, int(digits or 0))
 
 
 if __name__ == '__main__':
