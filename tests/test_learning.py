@@ -37,5 +37,17 @@ def test_bandit_policy_beats_random_by_a_clear_margin(tmp_path):
   evals = [s['score'] for s in scores if s['eval']]
   random_score = LENGTH / 2
   assert np.mean(train[:8]) < random_score + 3  # It starts out random...
-  assert np.mean(train[-8:]) >= random_score + 6, train  # ...and learns.
+  # ...and learns. On a failure, the learner's curves say why (a rare late
+  # collapse was seen once and not reproduced in 13 runs, issue 16).
+  assert np.mean(train[-8:]) >= random_score + 6, (train, _curves(logdir))
   assert evals and np.mean(evals[-3:]) >= random_score + 6, evals
+
+
+def _curves(logdir, keys=(
+    'train/ent/action', 'train/rand/action', 'train/loss/policy',
+    'train/adv_std', 'train/val', 'train/ret', 'train/retnorm/hi',
+    'train/retnorm/lo', 'train/loss/rew', 'train/opt/grad_norm')):
+  """Each key's values over the run (the learner's log lines), rounded."""
+  lines = [json.loads(l) for l in (logdir / 'metrics.jsonl').open()]
+  return {key: [(m['step'], round(m[key], 4)) for m in lines if key in m]
+          for key in keys}
