@@ -470,3 +470,48 @@ def test_failure_names_the_first_dead_part_of_the_agent():
       "the batch server failed: ValueError('loop died')")
   assert failure([KeyError('x')], server, links) == (
       "the learner raised KeyError('x')")
+
+
+class _FakeProc:
+  """A child process stand-in: alive until `die(code)`."""
+
+  def __init__(self):
+    self.exitcode = None
+
+  def is_alive(self):
+    return self.exitcode is None
+
+  def die(self, code):
+    self.exitcode = code
+
+
+def test_backoff_doubles_while_a_child_crashes_and_resets_once_it_ran_stably():
+  from dreamer_ver.runtime.supervisor import Children
+  now = [0.0]
+
+  class FakeChildren(Children):
+    def _spawn(self, name, target, config, args):
+      return _FakeProc()
+
+  children = FakeChildren(backoff=(1.0, 30.0), stable=60.0,
+                          clock=lambda: now[0])
+  children.start('agent', 'unused:target', None)
+  waits = []
+
+  def crash_at(t):
+    """Kills the child at t; returns the wait before its restart."""
+    now[0] = t
+    proc = children.procs['agent']
+    proc.die(1)
+    children.supervise()
+    wait = children.due['agent'] - t
+    now[0] = children.due['agent']
+    children.supervise()
+    assert children.procs['agent'] is not proc, 'not restarted'
+    return wait
+
+  for ran in (0.5, 2.0, 1.0, 100.0, 3.0):  # Seconds each start lives.
+    waits.append(crash_at(now[0] + ran))
+  # Three quick crashes: 1, 2, 4 s; a start that lived 100 s: back to 1 s.
+  assert waits == [1.0, 2.0, 4.0, 1.0, 2.0]
+  assert children.restarts['agent'] == 5

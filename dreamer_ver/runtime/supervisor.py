@@ -33,19 +33,24 @@ class Children:
   `supervise()` restarts the children started with `restart=True` that died
   with a non-zero exit code (a child exits 0 only when told to stop),
   waiting an exponential backoff per child so a process that keeps crashing
-  does not spin; `supervise_in_background()` calls it every half second on
+  does not spin (a child that ran for `stable` seconds before it died starts
+  again from the shortest wait); `supervise_in_background()` calls it every half second on
   a daemon thread. `stop_all()` ends supervision, then stops the children
   in groups of rising `stop_order` (e.g. envs before the servers they feed,
   so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
   it), and a kill for what is still alive after SHUTDOWN_SECONDS.
   """
 
-  def __init__(self, backoff=(1.0, 30.0)):
+  def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
     self.specs = {}  # name -> (target, config, args, restart, stop_order)
     self.backoff = backoff
+    self.stable = stable
+    self.clock = clock
     self.restarts = collections.Counter()
+    self.crashes = collections.Counter()  # restarts since it last ran stably
+    self.started = {}  # name -> clock() at its latest start
     self.due = {}  # name -> time a dead child may be restarted
     self.lock = threading.RLock()  # supervise() vs stop_all()
     self.stopping = False
@@ -55,12 +60,17 @@ class Children:
   def start(self, name, target, config, *args, restart=True, stop_order=0):
     """Starts `target` ('module:function', called as fn(config, *args)) in
     a child process named `name`."""
+    proc = self._spawn(name, target, config, args)
+    self.started[name] = self.clock()
+    self.procs[name] = proc
+    self.specs[name] = (target, config, args, restart, stop_order)
+    return proc
+
+  def _spawn(self, name, target, config, args):
     proc = self.context.Process(
         target=_call, args=(name, target, config, *args), name=name,
         daemon=False)
     proc.start()
-    self.procs[name] = proc
-    self.specs[name] = (target, config, args, restart, stop_order)
     return proc
 
   def supervise(self):
@@ -79,7 +89,7 @@ class Children:
       self.thread.start()
 
   def _supervise(self):
-    now = time.monotonic()
+    now = self.clock()
     for name, proc in list(self.procs.items()):
       target, config, args, restart, order = self.specs[name]
       if proc.is_alive() or not restart:
@@ -89,8 +99,10 @@ class Children:
         # whole process group) and saved: not a crash, not restarted.
         continue
       if name not in self.due:
+        if now - self.started[name] >= self.stable:
+          self.crashes[name] = 0
         delay = min(self.backoff[1],
-                    self.backoff[0] * 2 ** self.restarts[name])
+                    self.backoff[0] * 2 ** self.crashes[name])
         self.due[name] = now + delay
         print(f'{name} exited with code {proc.exitcode}; restarting in '
               f'{delay:.0f} s.')
@@ -98,6 +110,7 @@ class Children:
       if now >= self.due[name]:
         del self.due[name]
         self.restarts[name] += 1
+        self.crashes[name] += 1
         self.start(name, target, config, *args, restart=restart,
                    stop_order=order)
 
