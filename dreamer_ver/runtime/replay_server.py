@@ -34,27 +34,25 @@ says how hard it flushes): rows the service acknowledged survive a SIGKILL.
   there, as at any restart), get new step ids (a learner's update for an
   old one is skipped, as for an evicted step), and are not queued for
   online training, as loaded items are not. Latents written back by
-  ``update`` since the last save are not logged.
-* A batch logged but not yet answered at the kill comes back too, and the
-  client resends its calls in flight after reconnecting (``rpc/client.py``).
-  Shipment ids keep that from storing rows twice, below.
+  ``update`` since the last save are not logged. Record format:
+  ``replay/batch_log.py``.
 
-Shipments are stored once. The actor stamps each batch with a shipment id
-``[sender, seq]`` (``actor/shipping.py``) and sends them in seq order; the
-service remembers, per sender, the newest shipment it stored and how many of
-its rows (``_shipments``, updated with each row under the log lock, carried
-by each log record and by the checkpoint, so a recovery restores it). A
-batch with an older seq, or the same one fully stored, is answered {}
-without storing anything: a resend. One whose rows were cut short (by a
-stop, or by a kill after a save's cut fell inside it) stores the rest when
-resent. A lower seq can only be a resend because add_batch calls run one at
-a time in arrival order and a reconnected client resends in order, before
-its new calls. A batch without an id is stored as it comes.
+Shipments are stored once (a batch logged but not answered at a kill comes
+back from the log, and the client resends it). The actor stamps each batch
+with ``[sender, seq]`` (``actor/shipping.py``) and sends in seq order; the
+service remembers per sender the newest shipment it stored and how many of
+its rows (``_shipments``: updated per row under the log lock, carried by
+each log record and by the checkpoint). A batch with an older seq, or the
+same one fully stored, is answered {} without storing anything: a resend.
+One cut short (by a stop, or by a kill after a save's cut fell inside it)
+stores the rest when resent. A lower seq can only be a resend: add_batch
+calls run one at a time in arrival order, and a reconnected client resends
+in order before its new calls. A batch without an id is stored as it comes.
 
 ``serve_replay(config)`` is the process: it exposes the service over portal's
-protocol (``rpc_server.py``; one worker per method, so a blocked
-``add_batch`` never blocks sampling),
-saves periodically and sends stats to the logger without ever waiting on it.
+protocol (``rpc/server.py``; one worker per method, so a blocked
+``add_batch`` never blocks sampling), saves periodically and sends stats to
+the logger without ever waiting on it.
 
 What is stored: every column of the transition batch except ``envid`` and
 ``is_eval`` (they route the row: env id = replay stream, is_eval = which
@@ -74,7 +72,7 @@ from pathlib import Path
 import numpy as np
 
 from dreamer_ver.files import write_json
-from dreamer_ver.replay import build
+from dreamer_ver.replay import batch_log, build
 from dreamer_ver.replay.replay import RESERVED_KEYS, mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
 from dreamer_ver.rpc.client import Client
@@ -85,9 +83,6 @@ from dreamer_ver.runtime.transitions import check_rows, shipment_of
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval', 'version')
-# Prefix of the stored columns in a log record (apart from its envid,
-# is_eval, time, inserts and shipment; a column may have any name).
-STEP = 'step/'
 
 METHODS = (
     'add_batch', 'sample_batch_train', 'sample_batch_report',
@@ -121,7 +116,7 @@ class ReplayService:
     # Storing a row, counting it and noting it for the log happen under this
     # lock, as do log appends and a save's cut: the cut falls between rows.
     self._log_lock = threading.Lock()
-    self._unlogged = None  # _Unlogged rows of the running add_batch
+    self._unlogged = None  # batch_log.PendingRows of the running add_batch
     # sender -> (seq, rows): its newest shipment stored, and how many of
     # that batch's rows (all but for a batch cut short).
     self._shipments = {}
@@ -149,7 +144,7 @@ class ReplayService:
     self.activity += 1
     envid, is_eval, data = self._check_batch(trans)
     shipment = shipment_of(trans, 'add_batch')
-    unlogged = self._unlogged = _Unlogged(envid, is_eval, data, shipment)
+    unlogged = self._unlogged = batch_log.PendingRows(envid, is_eval, data, shipment)
     try:
       for index in range(self._first_new_row(shipment, len(envid)),
                          len(envid)):
@@ -422,11 +417,10 @@ class ReplayService:
       if 'shipment' in record:
         sender, seq, rows = record['shipment'].tolist()
         self._shipments[sender] = (seq, rows)
-      columns = {key[len(STEP):]: value for key, value in record.items()
-                 if key.startswith(STEP)}
+      columns = batch_log.columns(record)
       for evals, replay in ((False, self.train), (True, self.eval)):
         rows = np.flatnonzero(is_eval == evals)
-        for row in rows[~_contains(held[evals], times[rows])]:
+        for row in rows[~batch_log.contains(held[evals], times[rows])]:
           step = {key: value[row] for key, value in columns.items()}
           replay.restore(step, int(record['envid'][row]), times[row])
           added += 1
@@ -496,52 +490,6 @@ def serve_replay(config, stop=None):
 
 
 # ------------------------------------------------------------------ helpers
-
-class _Unlogged:
-  """The rows of one add_batch that are stored but not yet logged;
-  ``shipment``: the batch's (sender, seq), or None."""
-
-  def __init__(self, envid, is_eval, data, shipment):
-    self.envid, self.is_eval, self.data = envid, is_eval, data
-    self.shipment = shipment
-    self.rows, self.times, self.inserts = [], [], 0
-
-  def note(self, row, time, counts=False):
-    """Row `row` was stored at `time`; `counts`: the limiter counted it."""
-    self.rows.append(row)
-    self.times.append(time)
-    self.inserts += int(counts)
-
-  def take(self):
-    """The noted rows as one log record (None if there are none); the
-    rows count as logged afterwards."""
-    if not self.rows:
-      return None
-    rows = np.array(self.rows)
-    whole = len(rows) == len(self.envid)  # All rows, in order: no copies.
-    pick = lambda array: array if whole else array[rows]
-    record = {
-        'envid': pick(self.envid), 'is_eval': pick(self.is_eval),
-        'time': np.array(self.times, np.int64),
-        'inserts': np.int64(self.inserts),
-        **{STEP + key: pick(value) for key, value in self.data.items()}}
-    if self.shipment is not None:
-      # [sender, seq, rows of the batch stored so far]: rows are stored in
-      # order, so those up to the last one noted.
-      record['shipment'] = np.array(
-          [*self.shipment, self.rows[-1] + 1], np.int64)
-    self.rows, self.times, self.inserts = [], [], 0
-    return record
-
-
-def _contains(sorted_values, values):
-  """Which of ``values`` are in the sorted array ``sorted_values``."""
-  if not len(sorted_values):
-    return np.zeros(len(values), bool)
-  at = np.minimum(np.searchsorted(sorted_values, values),
-                  len(sorted_values) - 1)
-  return sorted_values[at] == values
-
 
 def _counts(stats):
   return {key: stats[key] for key in ('adds', 'samples', 'updates')}
