@@ -1,5 +1,8 @@
 """Configuration: YAML blocks in ``configs/``, composed in order, then flags.
 
+The blocks are package data (``dreamer_ver/configs/*.yaml``), read with
+``importlib.resources`` so that an installed wheel finds them as a clone does.
+
 A run's config is built in three layers:
 
 1. ``configs/defaults.yaml`` defines every key, its default and its type.
@@ -28,6 +31,7 @@ This module must stay light: it never imports JAX.
 
 import datetime
 import difflib
+import importlib.resources
 import math
 import os
 import re
@@ -38,7 +42,7 @@ import elements
 from dreamer_ver.validation import (
     ConfigError, coerce, normalize, typename, validate)
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / 'configs'
+CONFIG_DIR = importlib.resources.files('dreamer_ver') / 'configs'
 DEFAULTS = 'defaults'
 
 _REGEX_CHAR = re.compile(r'[^A-Za-z0-9_.\-]')
@@ -50,7 +54,8 @@ _REGEX_CHAR = re.compile(r'[^A-Za-z0-9_.\-]')
 def block_names(folder=None):
   """Names of all config blocks (YAML files) in ``folder``, sorted."""
   folder = Path(folder) if folder else CONFIG_DIR
-  return sorted(p.stem for p in folder.glob('*.yaml'))
+  return sorted(p.name[:-len('.yaml')] for p in folder.iterdir()
+                if p.name.endswith('.yaml'))
 
 
 def load_block(name, folder=None):

@@ -1,6 +1,8 @@
 """Command line entry point.
 
-    python -m dreamer_ver.main [--configs a b ...] [--script NAME] [--key.sub VALUE ...]
+    dreamer-ver [--configs a b ...] [--script NAME] [--key.sub VALUE ...]
+    python -m dreamer_ver.main ...   (the same)
+    dreamer-ver --version
 
 Builds the config (``configs/defaults.yaml``, then the named blocks in order,
 then the flags), validates it, prints a short summary and calls the script
@@ -76,6 +78,10 @@ def main(argv=None):
   from . import config as configlib
 
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv == ['--version']:
+    from . import __version__
+    print(f'dreamer_ver {__version__}')
+    return 0
   if '--help' in argv or '-h' in argv:
     rest = [a for a in argv if a not in ('--help', '-h')]
     try:

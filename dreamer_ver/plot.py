@@ -19,8 +19,8 @@ drawn as zero); the line is the mean over the seeds that have a value, the
 band their min..max (`--spread minmax`, default) or mean ± sd (`--spread sd`,
 population sd over seeds).
 
-The reference (`--reference NAME` reads
-`../shared/reference/NAME-dreamerv3.json.gz` beside the repo root; a path
+The reference (`--reference NAME` reads DreamerV3's published
+`NAME-dreamerv3.json.gz`, package data in `dreamer_ver/reference/`; a path
 works too) is a gzip JSON list of runs {task, method, seed, xs, ys}. The
 runs whose `task` equals `--task` (default: `task` in the first logdir's
 `config.yaml`; `atari100k_<game>` matches the reference's `atari_<game>`)
@@ -46,14 +46,16 @@ that needs matplotlib (installed by the `plot` extra).
 
 import argparse
 import gzip
+import importlib.resources
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_DIR = ROOT.parent / 'shared' / 'reference'
+# DreamerV3's published scores (MIT, from danijar/dreamerv3's scores/),
+# shipped as package data.
+REFERENCE_DIR = importlib.resources.files('dreamer_ver') / 'reference'
 # Reference x units per agent step, by the reference task's suite.
 REF_XUNITS = {'atari': 4.0}
 
@@ -99,15 +101,15 @@ def config_task(logdir):
 
 
 def reference_path(name):
-  """The reference file for `name`: an existing path, else
-  `../shared/reference/<name>-dreamerv3.json.gz` or `.../<name>`."""
+  """The reference file for `name`: an existing path, else the packaged
+  `reference/<name>-dreamerv3.json.gz` or `reference/<name>`."""
   candidates = [Path(name), REFERENCE_DIR / f'{name}-dreamerv3.json.gz',
                 REFERENCE_DIR / name]
   for path in candidates:
     if path.is_file():
       return path
-  known = sorted(p.name.split('-dreamerv3')[0]
-                 for p in REFERENCE_DIR.glob('*-dreamerv3.json.gz'))
+  known = sorted(p.name.split('-dreamerv3')[0] for p in REFERENCE_DIR.iterdir()
+                 if p.name.endswith('-dreamerv3.json.gz'))
   raise FileNotFoundError(
       f"no reference '{name}' (looked for {candidates[1]}); known: "
       f"{', '.join(known) or 'none'}")
@@ -115,7 +117,7 @@ def reference_path(name):
 
 def load_reference(name):
   """The list of reference runs {task, method, seed, xs, ys}."""
-  with gzip.open(reference_path(name), 'rt') as f:
+  with reference_path(name).open('rb') as raw, gzip.open(raw, 'rt') as f:
     return json.load(f)
 
 

@@ -235,7 +235,7 @@ def test_unknown_block():
 
 def test_block_errors_name_block_and_key(tmp_path):
   (tmp_path / 'defaults.yaml').write_text(
-      (ROOT / 'configs' / 'defaults.yaml').read_text())
+      (C.CONFIG_DIR / 'defaults.yaml').read_text())
   (tmp_path / 'typo.yaml').write_text('run: {envs: 4, evals: 2}\n')
   (tmp_path / 'badtype.yaml').write_text('run.envs: four\n')
   (tmp_path / 'empty.yaml').write_text('# nothing\n')

@@ -8,8 +8,6 @@ import pytest
 from dreamer_ver import plot
 
 REFERENCE = plot.REFERENCE_DIR / 'dmc_proprio-dreamerv3.json.gz'
-needs_reference = pytest.mark.skipif(
-    not REFERENCE.is_file(), reason=f'{REFERENCE} is absent')
 
 
 def write_scores(logdir, records, task='gym_CartPole-v1'):
@@ -102,7 +100,6 @@ def test_reference_task_names_and_atari_frames():
     plot.reference_path('no_such_benchmark')
 
 
-@needs_reference
 def test_dmc_proprio_reference_at_100k_steps(capsys):
   runs = plot.load_reference('dmc_proprio')
   assert plot.reference_path('dmc_proprio') == REFERENCE
@@ -137,9 +134,7 @@ def test_cli_writes_png_and_prints_table(tmp_path, capsys):
         for s in range(100, 20001, 250)], task='dmc_cartpole_balance')))
   out = tmp_path / 'plot.png'
   args = [*dirs, '--bins', '8', '--out', str(out), '--table', '10000',
-          '--last', '5']
-  if REFERENCE.is_file():
-    args += ['--reference', 'dmc_proprio']
+          '--last', '5', '--reference', 'dmc_proprio']
   assert plot.main(args) == 0
   assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   table = capsys.readouterr().out
