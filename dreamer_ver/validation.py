@@ -98,6 +98,10 @@ def _agent(*keys):
   return tuple(f'agent.{key}' for key in keys)
 
 
+# The names logger.outputs may list (runtime/outputs.py). metrics.jsonl,
+# scores.jsonl and the videos' GIFs are always written: jsonl adds nothing.
+OUTPUTS = ('jsonl', 'tensorboard', 'wandb')
+
 # Keys that take one of a few names.
 CHOICES = {
     'run.eval_mode': ('greedy', 'sample'),
@@ -108,12 +112,18 @@ CHOICES = {
     'env.atari100k.actions': ('needed', 'all'),
     'env.atari100k.lives': ('unused', 'discount', 'reset'),
     'env.atari100k.resize': ('pillow', 'numpy'),
+    'env.atari.actions': ('needed', 'all'),
+    'env.atari.lives': ('unused', 'discount', 'reset'),
+    'env.atari.resize': ('pillow', 'numpy'),
+    'env.atari.aggregate': ('max', 'mean'),
+    'logger.wandb_mode': ('online', 'offline'),
 }
 
 # Value ranges: (keys, test, the rule as the message states it).
 RANGES = (
     (('batch_size', 'batch_length', 'report_length', 'run.envs',
-      'run.actor_threads', 'replay.chunksize') + _agent(
+      'run.actor_threads', 'replay.chunksize', 'logger.fps',
+      'logger.video_length') + _agent(
           'rssm.deter', 'rssm.hidden', 'rssm.stoch', 'rssm.classes',
           'rssm.blocks', 'enc.depth', 'enc.units', 'enc.kernel', 'dec.depth',
           'dec.units', 'dec.kernel', 'dec.bspace', 'rewhead.units',
@@ -121,7 +131,8 @@ RANGES = (
           'horizon', 'slowvalue.every'),
      lambda v: v >= 1, 'must be >= 1'),
     (('replay_context', 'replica', 'run.eval_envs', 'run.duration',
-      'run.actor_min_wait') + _agent(
+      'run.actor_min_wait', 'env.gym.max_episode_steps',
+      'env.crafter.length') + _agent(
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',
           'dec.layers', 'rewhead.layers', 'conhead.layers', 'policy.layers',
           'value.layers', 'rssm.free_nats', 'opt.agc', 'opt.warmup',
@@ -139,7 +150,8 @@ RANGES = (
      lambda v: 0 <= v <= 1, 'must be in [0, 1]'),
     (_agent('enc.mults', 'dec.mults'),
      lambda v: all(m >= 1 for m in v), 'must be positive'),
-    (('env.gym.size', 'env.dmc.size', 'env.atari100k.size'),
+    (('env.gym.size', 'env.dmc.size', 'env.atari.size', 'env.atari100k.size',
+      'env.crafter.size'),
      lambda v: len(v) == 2 and all(x >= 1 for x in v),
      'must be two positive ints'),
 )
@@ -155,7 +167,8 @@ def validate(config):
   problems += [f"{key} must be one of {', '.join(map(repr, names))} "
                f'(got {c[key]!r})'
                for key, names in CHOICES.items() if c[key] not in names]
-  for check in (_task, _script, _sequences, _addresses, _devices, _model):
+  for check in (_task, _script, _sequences, _addresses, _devices, _model,
+                _outputs):
     problems += check(c)
   problems += _actor(c, config.run)
   if problems:
@@ -266,6 +279,14 @@ def _model(c):
   if not 0 <= lo < hi <= 100:
     yield (f'need 0 <= agent.retnorm.perclo ({lo}) < agent.retnorm.perchi '
            f'({hi}) <= 100')
+
+
+def _outputs(c):
+  """A typo in logger.outputs would silently drop an output."""
+  unknown = [name for name in c['logger.outputs'] if name not in OUTPUTS]
+  if unknown:
+    yield (f'logger.outputs has unknown names {unknown} (known: '
+           f"{', '.join(OUTPUTS)})")
 
 
 def _group(c, prefix):

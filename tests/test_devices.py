@@ -79,3 +79,50 @@ def test_a_policy_device_named_twice_is_a_clear_error():
   with pytest.raises(ValueError, match='jax.policy_devices names a device twice'):
     validation.validate(
         configlib.compose(['debug'], {'jax.policy_devices': [0, 0]}))
+
+
+CACHE_SCRIPT = textwrap.dedent('''
+    import sys
+    import jax, jax.numpy as jnp
+    from dreamer_ver import config as configlib
+    from dreamer_ver.runtime import devices
+
+    def run(logdir, cache, scale):
+      devices.setup(configlib.compose(['debug'], {
+          'logdir': logdir, 'jax.compile_cache': cache}))
+      print('dir', jax.config.jax_compilation_cache_dir)
+      jax.jit(lambda x: x * scale + 1)(jnp.arange(5.0)).block_until_ready()
+
+    first, second = sys.argv[1:]
+    run(first, 'jax_cache', 2.0)   # relative: inside the logdir
+    run(second, 'jax_cache', 3.0)  # a second run in one process moves it
+    run(second, '', 4.0)           # off
+    run('', 'jax_cache', 5.0)      # no logdir: off, not the working dir
+''')
+
+
+def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
+    tmp_path):
+  first, second = tmp_path / 'first', tmp_path / 'second'
+  cwd = tmp_path / 'cwd'
+  cwd.mkdir()
+
+  def run():
+    proc = subprocess.run(
+        [sys.executable, '-c', CACHE_SCRIPT, str(first), str(second)],
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, cwd=cwd,
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if line.startswith('dir')]
+
+  entries = lambda folder: sorted(
+      p.name for p in folder.glob('*') if p.name.endswith('-cache'))
+  assert run() == [f'dir {first / "jax_cache"}', f'dir {second / "jax_cache"}',
+                   'dir None', 'dir None']
+  written = entries(first / 'jax_cache'), entries(second / 'jax_cache')
+  assert written[0] and written[1]  # each run's programs, in its own logdir
+  assert not list(cwd.iterdir())
+  # The same programs again in a new process (a restart) are found in the
+  # cache: nothing new is compiled, so nothing new is written.
+  run()
+  assert (entries(first / 'jax_cache'), entries(second / 'jax_cache')) == written

@@ -165,10 +165,10 @@ def test_dummy_is_deterministic_given_seed():
 
 def test_unknown_suite_names_task_and_suites():
   with pytest.raises(ValueError) as info:
-    envs.make_env('crafter_reward')
+    envs.make_env('nosuchsuite_reward')
   message = str(info.value)
-  assert 'crafter_reward' in message
-  for suite in ('dummy', 'gym', 'dmc', 'atari100k'):
+  assert 'nosuchsuite_reward' in message
+  for suite in ('dummy', 'gym', 'dmc', 'atari', 'atari100k', 'crafter'):
     assert suite in message
 
 
@@ -192,10 +192,10 @@ def test_make_env_fills_missing_keys_from_the_config_defaults():
 
 def test_config_env_defaults_fit_the_constructors():
   defaults = configlib.compose().env
-  assert set(defaults) == set(envs._CONSTRUCTORS)
-  for suite, path in envs._CONSTRUCTORS.items():
+  assert set(defaults) == set(envs._SUITES)
+  for suite, path in envs._SUITES.items():
     module, cls = path.split(':')
-    ctor = getattr(importlib.import_module(f'dreamer_ver.envs.{module}'), cls)
+    ctor = getattr(importlib.import_module(module), cls)
     params = inspect.signature(ctor).parameters
     assert set(defaults[suite]) <= set(params), suite
 
@@ -205,7 +205,8 @@ def test_envs_package_stays_light():
       'import sys; from dreamer_ver.envs import make_env; '
       'env = make_env("dummy_disc"); '
       'heavy = [m for m in ("jax", "flax", "dreamer_ver.agent", '
-      '"dreamer_ver.runtime", "dm_control", "ale_py") if m in sys.modules]; '
+      '"dreamer_ver.runtime", "dm_control", "ale_py", "crafter", '
+      '"gymnasium") if m in sys.modules]; '
       'print(heavy); sys.exit(bool(heavy))')
   result = subprocess.run(
       [sys.executable, '-c', code], capture_output=True, text=True)

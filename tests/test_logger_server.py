@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import portal
 import pytest
+from PIL import Image, ImageSequence
 
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
@@ -197,16 +198,117 @@ def test_metrics_averaged_until_write(tmp_path):
   assert 'fps/train 50' in service.lines[0]  # Matches logger.filter.
 
 
-def test_outputs_select_the_files(tmp_path):
-  # Without jsonl no files are written; TensorBoard needs TensorFlow and
-  # only disables itself when it is missing.
+def frame(value, shape=(4, 6, 3)):
+  """A frame with a pattern (to catch a transposition) that differs per
+  value; few colours, so a GIF keeps it exactly."""
+  pattern = np.arange(np.prod(shape)).reshape(shape) % 5 * 30
+  return (pattern + value).astype(np.uint8)
+
+
+def gif_frames(path):
+  """The frames of a GIF file, as uint8 RGB [T, H, W, 3]."""
+  with Image.open(path) as image:
+    return np.stack([np.asarray(f.convert('RGB'))
+                     for f in ImageSequence.Iterator(image)])
+
+
+def videos(tmp_path):
+  return sorted(p.name for p in (tmp_path / 'videos').glob('*.gif'))
+
+
+def test_an_eval_episode_comes_back_frame_for_frame(tmp_path):
+  service = make_service(tmp_path)
+  image = lambda t: {'log/image': frame(t)}
+  # The eval env (5) is recorded, not the train env (0) beside it.
+  service.tran(rows((0, 0.0, True, False, False, image(100)),
+                    (5, 0.0, True, False, True, image(0))))
+  service.tran(rows((5, 1.0, False, False, True, image(1)),
+                    (0, 1.0, False, False, False, image(101))))
+  service.tran(rows((5, 1.0, False, True, True, image(2)),
+                    (0, 1.0, False, True, False, image(102))))
+  assert service.write()['eval_episode/score'] == 2.0
+  assert videos(tmp_path) == ['eval_episode_log_image_3.gif']
+  np.testing.assert_array_equal(
+      gif_frames(tmp_path / 'videos' / 'eval_episode_log_image_3.gif'),
+      np.stack([frame(t) for t in range(3)]))
+
+
+def test_one_episode_at_a_time_at_most_every_video_every(tmp_path):
+  clock = Clock()
+  service = make_service(tmp_path, clock, **{
+      'logger.video_every': 60.0, 'logger.video_length': 2})
+  image = lambda t: {'image': frame(t)}  # An image observation counts too.
+  # No eval row has arrived: a train episode is recorded; the second env's
+  # episode, which starts while it runs, is not.
+  service.tran(rows((0, 0.0, True, False, False, image(0)),
+                    (1, 0.0, True, False, False, image(50))))
+  service.tran(rows((0, 0.0, False, False, False, image(1)),
+                    (1, 0.0, False, True, False, image(51))))
+  service.tran(rows((0, 0.0, False, True, False, image(2))))
+  service.write()
+  assert videos(tmp_path) == ['episode_image_5.gif']
+  # Only the first video_length frames are kept.
+  np.testing.assert_array_equal(
+      gif_frames(tmp_path / 'videos' / 'episode_image_5.gif'),
+      np.stack([frame(0), frame(1)]))
+  # From now on only eval episodes, and not before 60 s have passed.
+  clock.now += 59
+  service.tran(rows((5, 0.0, True, False, True, image(10)),
+                    (5, 0.0, False, True, True, image(11))))
+  clock.now += 1
+  service.tran(rows((0, 0.0, True, False, False, image(20)),
+                    (0, 0.0, False, True, False, image(21))))
+  service.tran(rows((5, 0.0, True, False, True, image(30))))
+  # That recording is cut by a new is_first: no video, and the episode
+  # that starts next is recorded at once.
+  service.tran(rows((5, 0.0, True, False, True, image(40)),
+                    (5, 0.0, False, True, True, image(41))))
+  service.write()
+  assert videos(tmp_path) == ['episode_image_5.gif',
+                              'eval_episode_image_7.gif']
+  np.testing.assert_array_equal(
+      gif_frames(tmp_path / 'videos' / 'eval_episode_image_7.gif'),
+      np.stack([frame(40), frame(41)]))
+
+
+def test_no_episode_videos_when_video_every_is_not_positive(tmp_path):
+  service = make_service(tmp_path, **{'logger.video_every': 0.0})
+  service.tran(rows((0, 0.0, True, False, False, {'image': frame(0)}),
+                    (0, 0.0, False, True, False, {'image': frame(1)})))
+  service.write()
+  assert videos(tmp_path) == []
+
+
+def test_add_takes_videos_and_writes_them_as_gifs(tmp_path):
+  service = make_service(tmp_path)
+  video = np.stack([frame(t, (6, 8, 3)) for t in range(5)])
+  # Only the newest video per key is written.
+  service.add({'report/openloop/image': video[:2]})
+  service.add({'report/openloop/image': video, 'report/loss': 1.0,
+               'not_a_video': np.zeros((5, 6, 8, 3), np.float32),
+               'not_frames': np.zeros((5, 6, 8), np.uint8)})
+  assert service.write() == {'step': 0, 'report/loss': 1.0}
+  assert service.write() is None
+  service.add({'eval/openloop/image': video[:3]})
+  assert service.write() == {'step': 0}  # A video alone is news.
+  assert [line['step'] for line in metrics(tmp_path)] == [0, 0]
+  assert videos(tmp_path) == ['eval_openloop_image_0.gif',
+                              'report_openloop_image_0.gif']
+  np.testing.assert_array_equal(
+      gif_frames(tmp_path / 'videos' / 'report_openloop_image_0.gif'), video)
+  np.testing.assert_array_equal(
+      gif_frames(tmp_path / 'videos' / 'eval_openloop_image_0.gif'),
+      video[:3])
+
+
+def test_metrics_and_scores_files_are_always_written(tmp_path):
+  # jsonl is implied: the files come without it being named.
   service = make_service(tmp_path, **{'logger.outputs': ['tensorboard']})
   service.tran(rows((0, 0.0, True, False), (0, 1.0, False, True)))
   assert service.write()['episode/score'] == 1.0
-  service.add({'a': 2.0})
-  assert service.write() == {'step': 2, 'a': 2.0}
-  assert not (tmp_path / 'metrics.jsonl').exists()
-  assert not (tmp_path / 'scores.jsonl').exists()
+  service.close()
+  assert metrics(tmp_path)[0]['episode/score'] == 1.0
+  assert scores(tmp_path)[0]['score'] == 1.0
 
 
 def test_progress_line_has_rate_and_eta(tmp_path):

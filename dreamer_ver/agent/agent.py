@@ -5,7 +5,7 @@
   carry = agent.init_carry(batch)         # {deter, stoch, action}
   carry, act, outs = agent.policy(params, carry, obs, key, mode)
   state, carry, outs, metrics = agent.train(state, carry, batch)
-  metrics = agent.report(state, batch)
+  metrics = agent.report(state, batch)    # scalars, + videos of image keys
   losses = agent.loss_terms(params, state, carry, batch)  # per term, [B, T]
 
 Batches for train/report are [B, T + C] sequences, C = replay_context: the
@@ -30,6 +30,7 @@ sg = jax.lax.stop_gradient
 RESERVED = ('reward', 'is_first', 'is_last', 'is_terminal')
 MODULES = ('enc', 'dyn', 'dec', 'rew', 'con', 'pol', 'val')
 POLICY_MODULES = ('enc', 'dyn', 'pol')
+VIDEO_ROWS = 4  # batch rows in a report video: few, it is sent to the logger
 
 
 def _cfg(node):
@@ -354,7 +355,14 @@ class Agent:
 
   def _report(self, state, batch):
     """Loss metrics without an update, plus the open-loop prediction error:
-    observe the first half, imagine the second with the replayed actions."""
+    observe the first half, imagine the second with the replayed actions.
+
+    For each image key, also ``openloop/<key>``: a uint8 video [T, 3H,
+    VIDEO_ROWS * W, C] of the first batch rows side by side, each the
+    truth above the model (the first half reconstructed from the observed
+    states, the second predicted from the imagined ones) above the error
+    (grey where the model is right), as upstream's report. Vector-only
+    agents compute no video."""
     params = state['params']
     key = jax.random.fold_in(
         jax.random.fold_in(state['rng'], state['step']), 1)
@@ -366,7 +374,7 @@ class Agent:
     T = obs['is_first'].shape[1]
     half = T // 2
     first = jax.tree.map(lambda x: x[:, :half], obs)
-    carry, _ = self._observe(
+    carry, obsfeat = self._observe(
         params, start, first, jax.tree.map(lambda x: x[:, :half], prevact), key)
     acts = rssm.embed_action(
         self.act_space, jax.tree.map(lambda x: x[:, half:], prevact))
@@ -393,6 +401,15 @@ class Agent:
     rew = self.rew.apply({'params': params['rew']}, self._featvec(imgfeat))
     metrics['openloop/reward_mse'] = jnp.square(
         rew.pred() - obs['reward'][:, half:]).mean()
+    images = [k for k in recons if nets.is_image(self.model_space[k])]
+    if images:
+      rows = lambda x: x[:VIDEO_ROWS]
+      observed = self.dec.apply(
+          {'params': params['dec']}, jax.tree.map(rows, obsfeat), 2)
+      for k in images:
+        model = jnp.concatenate(
+            [observed[k].pred(), rows(recons[k].pred())], 1)
+        metrics[f'openloop/{k}'] = _video(rows(obs[k]), model)
     return metrics
 
   # ------------------------------------------------------------- helpers
@@ -405,6 +422,18 @@ class Agent:
   @staticmethod
   def _rssm_carry(carry):
     return {'deter': carry['deter'], 'stoch': carry['stoch']}
+
+
+def _video(truth, model):
+  """Truth (uint8) and model (float in [0, 1]) frames, both [B, T, H, W, C]
+  -> uint8 [T, 3H, B * W, C]: per batch row, truth above model above error,
+  the rows side by side."""
+  truth_unit = truth.astype(f32) / 255
+  error = (model - truth_unit + 1) / 2
+  to_uint8 = lambda x: jnp.round(jnp.clip(x, 0, 1) * 255).astype(jnp.uint8)
+  panels = jnp.concatenate([truth, to_uint8(model), to_uint8(error)], 2)
+  B, T, H3, W, C = panels.shape
+  return panels.transpose((1, 2, 0, 3, 4)).reshape((T, H3, B * W, C))
 
 
 def policy_params(params):

@@ -15,39 +15,124 @@ every obs and reset in every action):
     obs image (64,64,3) uint8, vector (7,), token, count, float2d (4,5),
     int2d (2,3); act act_disc (5 classes), act_cont (6,).
 
-  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``); kwargs beyond
-  the defaults, e.g. max_episode_steps, go to gymnasium.make
+  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``); the time limit
+  and other gymnasium.make kwargs come from ``env.gym``
     obs vector or image (or the flattened keys of a Dict space);
     act action (or the flattened keys of a Dict space).
 
   dmc_<domain>_<task>, e.g. dmc_walker_walk (``dmc.DMC``)
     obs one float32 vector per dm_control key, image; act action.
 
-  atari100k_<game>, e.g. atari100k_pong (``atari.Atari``)
-    obs image (64,64,3) uint8; act action (minimal action set).
+  atari_<game>, e.g. atari_pong, and atari100k_<game> (``atari.Atari``): one
+  class, two option sets (``env.atari``: the Atari 57 protocol with sticky
+  actions and the full action set; ``env.atari100k``: the 100k benchmark's)
+    obs image (64,64,3) uint8 for atari100k, (96,96,1) for atari;
+    act action.
+
+  crafter_reward, crafter_noreward (``crafter.Crafter``)
+    obs image (64,64,3) uint8, log/reward, log/achievement_<name>;
+    act action (17 classes).
 
   synthetic_<any name> (``synthetic.Synthetic``), for tests and benchmarks
     obs vector (cue in vector[0]), count; act action (2 classes).
 
+More suites plug in without editing this package: ``register(prefix,
+constructor)``, or an entry point of the group ``dreamer_ver.envs`` (name:
+the prefix, value: 'module:attr'), which the first task with an unknown
+prefix loads. A constructor is called as ``constructor(name, seed=seed,
+**kwargs)`` and returns an ``Env``; its kwargs come from ``env_config`` and
+from ``env.<prefix>`` in defaults.yaml only where such a section exists.
+Env processes are spawned, not forked, so a ``register`` call only counts in
+the process that made it: for runs, install the suite as an entry point (or
+register it in a module every process imports).
+
 This package must stay light: it imports neither JAX nor the agent or
-runtime, and suite backends (gymnasium, dm_control, ale-py) load only when
-their suite is used.
+runtime, and suite backends (gymnasium, dm_control, ale-py, crafter) load
+only when their suite is used.
 """
 
 import functools
 import importlib
+import importlib.metadata
+import re
 
 from .base import Env  # noqa: F401
 from . import wrappers
 from .. import config as configlib
 
-_CONSTRUCTORS = {
-    'dummy': 'dummy:Dummy',
-    'gym': 'gym:FromGym',
-    'dmc': 'dmc:DMC',
-    'atari100k': 'atari:Atari',
-    'synthetic': 'synthetic:Synthetic',
+ENTRY_POINT_GROUP = 'dreamer_ver.envs'
+
+# prefix -> constructor or its 'module:attr', imported on first use.
+_SUITES = {
+    'dummy': 'dreamer_ver.envs.dummy:Dummy',
+    'gym': 'dreamer_ver.envs.gym:FromGym',
+    'dmc': 'dreamer_ver.envs.dmc:DMC',
+    'atari': 'dreamer_ver.envs.atari:Atari',
+    'atari100k': 'dreamer_ver.envs.atari:Atari',
+    'crafter': 'dreamer_ver.envs.crafter:Crafter',
+    'synthetic': 'dreamer_ver.envs.synthetic:Synthetic',
 }
+_entry_points_loaded = False
+
+
+def register(prefix: str, constructor, override: bool = False):
+  """Adds the suite of tasks ``<prefix>_<name>`` to this process.
+
+  ``constructor`` is a callable ``(name, seed, **kwargs) -> Env`` or its
+  'module:attr' path, imported when a task of the suite is first built.
+  Registering a known prefix again raises unless ``override``.
+  """
+  if not isinstance(prefix, str) or not re.fullmatch(r'[A-Za-z0-9]+', prefix):
+    # Tasks split at the first '_', and the config's task check expects
+    # letters and digits before it.
+    raise ValueError(
+        f'Suite prefix must be letters and digits only, got {prefix!r}.')
+  if isinstance(constructor, str):
+    if not re.fullmatch(r'[\w.]+:[\w.]+', constructor):
+      raise ValueError(
+          f"Suite '{prefix}': constructor path must look like 'module:attr', "
+          f'got {constructor!r}.')
+  elif not callable(constructor):
+    raise TypeError(
+        f"Suite '{prefix}': constructor must be callable or a 'module:attr' "
+        f'string, got {type(constructor).__name__}.')
+  if prefix in _SUITES and not override:
+    raise ValueError(
+        f"Suite '{prefix}' is already registered ({_SUITES[prefix]!r}); "
+        f'pass override=True to replace it. Known suites: {_known()}.')
+  _SUITES[prefix] = constructor
+
+
+def _load_entry_points():
+  """Registers the installed ``dreamer_ver.envs`` entry points, once per
+  process; suites registered already (built-in or by ``register``) win."""
+  global _entry_points_loaded
+  if _entry_points_loaded:
+    return
+  for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    if entry.name in _SUITES:
+      continue
+    try:
+      register(entry.name, f'{entry.module}:{entry.attr}')
+    except ValueError as e:
+      raise ValueError(
+          f"Entry point '{entry.name} = {entry.value}' of group "
+          f"'{ENTRY_POINT_GROUP}': {e}") from None
+  _entry_points_loaded = True
+
+
+def _known():
+  return ', '.join(sorted(_SUITES))
+
+
+def _constructor(suite):
+  ctor = _SUITES[suite]
+  if isinstance(ctor, str):
+    module, attr = ctor.split(':')
+    ctor = importlib.import_module(module)
+    for part in attr.split('.'):
+      ctor = getattr(ctor, part)
+  return ctor
 
 
 @functools.cache
@@ -61,17 +146,17 @@ def _defaults():
 def make_env(task: str, env_config=None, seed: int = 0) -> Env:
   """Builds and wraps the env for ``task``, e.g. 'dmc_walker_walk'."""
   suite, _, name = task.partition('_')
-  if suite not in _CONSTRUCTORS or not name:
+  if suite not in _SUITES:
+    _load_entry_points()
+  if suite not in _SUITES or not name:
     raise ValueError(
         f"Unknown task '{task}': expected '<suite>_<name>' with suite one of "
-        f'{sorted(_CONSTRUCTORS)}.')
-  module, cls = _CONSTRUCTORS[suite].split(':')
-  ctor = getattr(importlib.import_module(f'.{module}', __name__), cls)
+        f'{_known()}.')
   overrides = (env_config or {}).get(suite) or {}
-  kwargs = {**_defaults()[suite], **dict(overrides)}
+  kwargs = {**_defaults().get(suite, {}), **dict(overrides)}
   if 'size' in kwargs:
     kwargs['size'] = tuple(int(x) for x in kwargs['size'])
-  return wrap_env(ctor(name, seed=seed, **kwargs))
+  return wrap_env(_constructor(suite)(name, seed=seed, **kwargs))
 
 
 def make_run_env(config, envid: int) -> Env:

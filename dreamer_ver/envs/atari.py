@@ -1,8 +1,12 @@
-"""Atari games through ale-py (tasks ``atari100k_<game>``, e.g. atari100k_pong).
+"""Atari games through ale-py (tasks ``atari_<game>`` and ``atari100k_<game>``,
+e.g. atari_pong; the two suites differ only in their options, ``env.atari``
+and ``env.atari100k`` in defaults.yaml).
 
-Follows the Atari 100k protocol used by DreamerV3: each policy step repeats
-the action for ``repeat`` frames and the image is the max over the last
-``pooling`` frames (removing sprite flicker), resized to ``size``. Episodes
+Follows the protocol used by DreamerV3: each policy step repeats the action
+for ``repeat`` frames and the image aggregates the last ``pooling`` frames
+(``aggregate`` max or mean; the max removes sprite flicker), resized to
+``size``. With ``sticky`` the emulator repeats the previous action with
+probability 0.25 (the Atari 57 protocol; off for Atari 100k). Episodes
 start with a random number of no-ops in [0, ``noops``] and are cut after
 ``length`` frames. The observation is ``image`` (uint8, 3 or 1 channels);
 the action is ``action``, an int32 index into the minimal (``needed``) or
@@ -35,13 +39,16 @@ class Atari(base.Env):
   def __init__(
       self, game, size=(64, 64), repeat=4, sticky=False, gray=False,
       actions='needed', lives='unused', noops=30, length=108000, pooling=2,
-      resize='pillow', autostart=False, clip_reward=False, seed=0):
+      aggregate='max', resize='pillow', autostart=False, clip_reward=False,
+      seed=0):
     import ale_py
     from ale_py import roms
     if actions not in ('needed', 'all'):
       raise ValueError(f"actions must be 'needed' or 'all', not {actions!r}")
     if lives not in ('unused', 'discount', 'reset'):
       raise ValueError(f'Unknown lives mode {lives!r}')
+    if aggregate not in ('max', 'mean'):
+      raise ValueError(f"aggregate must be 'max' or 'mean', not {aggregate!r}")
     if resize not in ('pillow', 'numpy'):
       raise ValueError(f"resize must be 'pillow' or 'numpy', not {resize!r}")
     if repeat < 1 or pooling < 1:
@@ -53,6 +60,7 @@ class Atari(base.Env):
     self._noops = int(noops)
     self._length = length
     self._pooling = int(pooling)
+    self._aggregate = aggregate
     # 'pillow' means Pillow's bilinear filter, via numpy if Pillow is absent.
     self._resize = 'auto' if resize == 'pillow' else 'numpy'
     self._autostart = autostart
@@ -150,7 +158,10 @@ class Atari(base.Env):
   def _obs(self, reward, is_first=False, is_last=False, is_terminal=False):
     if self._clip_reward:
       reward = np.sign(reward)
-    image = self._frames.max(0)
+    if self._aggregate == 'max':
+      image = self._frames.max(0)
+    else:
+      image = self._frames.mean(0).astype(np.uint8)
     image = resize_lib.resize(image, self._size, self._resize)
     if self._gray:
       image = (image @ _GRAY_WEIGHTS).astype(np.uint8)[..., None]

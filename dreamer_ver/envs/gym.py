@@ -4,18 +4,28 @@ Observation keys: a single Box observation becomes ``image`` when it looks
 like a picture (uint8, rank 3) and ``vector`` otherwise; a Dict observation
 keeps its keys, nested dicts joined with '/' (a key that clashes with
 ``reward``, ``is_first``, ``is_last``, ``is_terminal`` or ``reset`` gets a
-``gym_`` prefix). Extra kwargs go to ``gymnasium.make``. With ``pixels=True`` the
-observation is replaced by ``image``, rendered as rgb_array and resized to
-``size``. Actions live under ``action`` (or the flattened Dict keys):
-Discrete -> int32 scalar with ``n`` classes, Box -> its float array.
+``gym_`` prefix). With ``pixels=True`` the observation is replaced by
+``image``, rendered as rgb_array and resized to ``size``. Actions live under
+``action`` (or the flattened Dict keys): Discrete -> int32 scalar with ``n``
+classes, Box -> its float array.
 
 ``is_terminal`` comes from gymnasium's ``terminated`` and ``is_last`` from
 ``terminated or truncated``, so time limits are not mistaken for deaths.
+
+``gymnasium.make`` gets ``max_episode_steps`` when it is positive (0 keeps
+the env's registered limit) and the entries of ``make_kwargs``: a mapping,
+or as the config holds it a YAML flow mapping such as
+``'{continuous: true, gravity: -9.0}'`` (JSON works too). The time limit and
+``render_mode`` have their own options and are refused there.
 """
+
+import collections.abc
 
 import elements
 import gymnasium
 import numpy as np
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from . import base
 from . import resize as resize_lib
@@ -23,7 +33,16 @@ from . import resize as resize_lib
 
 class FromGym(base.Env):
 
-  def __init__(self, env_id, pixels=False, size=(64, 64), seed=0, **kwargs):
+  def __init__(
+      self, env_id, pixels=False, size=(64, 64), max_episode_steps=0,
+      make_kwargs='{}', seed=0):
+    kwargs = _parse_make_kwargs(make_kwargs)
+    if max_episode_steps < 0:
+      raise ValueError(
+          f'max_episode_steps must be >= 0 (0: the env\'s own limit), got '
+          f'{max_episode_steps}')
+    if max_episode_steps:
+      kwargs['max_episode_steps'] = int(max_episode_steps)
     if pixels:
       kwargs['render_mode'] = 'rgb_array'
     self._env = gymnasium.make(env_id, **kwargs)
@@ -79,6 +98,35 @@ class FromGym(base.Env):
 
 
 _RESERVED = ('reward', 'is_first', 'is_last', 'is_terminal', 'reset')
+# make kwargs that other options set: {key: the option to use instead}.
+_OWN_OPTIONS = {
+    'max_episode_steps': 'env.gym.max_episode_steps',
+    'render_mode': 'env.gym.pixels',
+}
+
+
+def _parse_make_kwargs(make_kwargs):
+  """The dict of extra ``gymnasium.make`` kwargs, from a mapping or a YAML
+  flow-mapping string; raises ValueError with the offending text."""
+  if isinstance(make_kwargs, str):
+    try:
+      parsed = YAML(typ='safe').load(make_kwargs)
+    except YAMLError as e:
+      problem = getattr(e, 'problem', None) or str(e).strip().splitlines()[0]
+      raise ValueError(
+          f'env.gym.make_kwargs {make_kwargs!r} is not a YAML flow mapping: '
+          f'{problem}')
+    make_kwargs = {} if parsed is None else parsed
+  if not isinstance(make_kwargs, collections.abc.Mapping) or not all(
+      isinstance(k, str) for k in make_kwargs):
+    raise ValueError(
+        'env.gym.make_kwargs must be a mapping of names to values such as '
+        f"'{{continuous: true}}', got {make_kwargs!r}")
+  for key, option in _OWN_OPTIONS.items():
+    if key in make_kwargs:
+      raise ValueError(
+          f'env.gym.make_kwargs may not set {key}; use {option} instead')
+  return dict(make_kwargs)
 
 
 def _default_obs_key(space):

@@ -93,6 +93,7 @@ def run_agent(config):
   stands) and returns 1, so the supervisor restarts the agent from its
   checkpoint instead of serving on with frozen params or not at all.
   """
+  began = time.monotonic()
   config = with_token(config)
   run = config.run
   stop = StopSignal()
@@ -133,6 +134,7 @@ def run_agent(config):
   should_log = elements.when.Clock(run.log_every)
   fps = elements.FPS()
   last = shipper.served
+  first = shipper.served  # None once the first action is out
   cause = None
   while not done():
     stop.wait(0.2)
@@ -140,6 +142,10 @@ def run_agent(config):
     if cause:
       stop.set()  # Ends the learner's loop too.
       break
+    if first is not None and shipper.served > first:
+      first = None  # The start-up time a restart costs (bench/startup.py).
+      print(f'First action served {time.monotonic() - began:.1f} s after '
+            f'the agent started.', flush=True)
     fps.step(shipper.served - last)
     last = shipper.served
     if should_log():

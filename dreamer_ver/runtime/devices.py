@@ -4,6 +4,13 @@ and the learner run on.
 Call `setup(config)` before JAX touches a device: the platform and GPU
 memory preallocation are fixed once JAX has started its backend (later
 changes are ignored by JAX).
+
+JAX's persistent compilation cache (`jax.compile_cache`, a folder in the
+logdir by default) keeps every compiled program on disk, so a restarted
+agent loads its policy buckets, train and report steps instead of
+compiling them again (measured in bench/startup.py). JAX keys each entry by
+the program, the devices and the compiler flags, so a stale entry is never
+used.
 """
 
 import os
@@ -20,6 +27,7 @@ def setup(config):
     jax.config.update(
         'jax_platforms', 'cuda' if cfg.platform == 'gpu' else cfg.platform)
   jax.config.update('jax_disable_jit', not cfg.jit)
+  _compile_cache(config)
   devices = jax.devices()
 
   def pick(key, index):
@@ -31,3 +39,22 @@ def setup(config):
 
   policy = [pick('policy_devices', i) for i in cfg.policy_devices]
   return policy, pick('train_devices', cfg.train_devices[0])
+
+
+def _compile_cache(config):
+  """Points JAX's persistent compilation cache at `jax.compile_cache`."""
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  folder = os.path.expanduser(config.jax.compile_cache)
+  if folder and not os.path.isabs(folder):
+    # Inside the logdir; a config without one (library use) caches nothing
+    # rather than write into the working directory.
+    folder = os.path.join(config.logdir, folder) if config.logdir else ''
+  if folder != jax.config.jax_compilation_cache_dir:
+    # JAX opens its cache once per process; a second run in one process
+    # (tests, notebooks) must not keep writing to the first run's folder.
+    compilation_cache.reset_cache()
+    jax.config.update('jax_compilation_cache_dir', folder or None)
+  # Cache every program: the policy buckets compile in well under JAX's
+  # default threshold of 1 s each, but there are many of them.
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)

@@ -3,6 +3,8 @@
 Each step takes the next prefetched batch, trains, writes the fresh latents
 back to replay (fire and forget), and publishes the new policy params with
 a version. Reports, metrics and checkpoints happen on wall-clock intervals.
+The logger gets scalars as float64 and the report's open-loop videos as
+uint8 [T, H, W, C]; the report's other arrays are not sent.
 """
 
 import collections
@@ -116,13 +118,11 @@ class Learner:
     if batch is None:
       return
     mets = self.agent.report(self.state, batch)
-    self._send({f'report/{k}': v for k, v in jax.device_get(mets).items()
-                if np.ndim(v) == 0})
+    self._send({f'report/{k}': v for k, v in jax.device_get(mets).items()})
     batch = wait(self.replay.sample_batch_eval(), stop)
     if batch:
       mets = self.agent.report(self.state, batch)
-      self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()
-                  if np.ndim(v) == 0})
+      self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()})
 
   def log(self, extra):
     mets = jax.device_get(dict(self.metrics))
@@ -137,4 +137,16 @@ class Learner:
 
   def _send(self, metrics):
     if self.logger is not None:
-      self.logger.add({k: np.float64(v) for k, v in metrics.items()})
+      self.logger.add(loggable(metrics))
+
+
+def loggable(metrics):
+  """Scalars as float64 and uint8 videos [T, H, W, C] as they are; other
+  arrays are left out (the logger would ignore them)."""
+  sent = {}
+  for key, value in metrics.items():
+    if np.ndim(value) == 0:
+      sent[key] = np.float64(value)
+    elif np.ndim(value) == 4 and np.asarray(value).dtype == np.uint8:
+      sent[key] = np.asarray(value)
+  return sent

@@ -22,13 +22,30 @@
   the last save is ignored after a restart too; batches counted after it
   are lost at a kill, and their resends counted, as before.
 * ``add(metrics)`` gets scalars from the other components; each key is
-  averaged until the next ``write()``.
-* ``write()`` appends one line to ``metrics.jsonl`` (and TensorBoard if asked
-  for) and prints a short progress report.
+  averaged until the next ``write()``. A uint8 array [T, H, W, C] (C 1 or 3)
+  is a video (the learner's open-loop report): the newest per key is kept
+  until the next ``write()``. Other values are ignored.
+* ``write()`` writes the scalars gathered since the last write to every
+  output (``runtime/outputs.py``: ``metrics.jsonl`` always, TensorBoard and
+  W&B as ``logger.outputs`` asks) and prints a short progress report. Each
+  video kept becomes ``videos/<name>_<step>.gif`` (``/`` in the name as
+  ``_``, ``logger.fps`` frames per second), sent to every output too.
+  ``scores.jsonl`` and ``metrics.jsonl`` are written whatever the outputs.
+* ``close()`` closes the outputs.
 
-``logger.outputs`` picks the files: ``jsonl`` (``metrics.jsonl`` and
-``scores.jsonl``), ``tensorboard`` (needs TensorFlow; disabled with a message
-when it is missing).
+Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``tran``, the
+``log/`` frames rendered for videos (dmc's ``log/image``) as well as image
+observations, is a video of the episode (upstream recorded image keys the
+same way). One episode at a time is recorded: once ``logger.video_every``
+seconds have passed since the last video ended, the next episode that
+starts in an eval env keeps its first ``logger.video_length`` frames (eval
+episodes show the policy as it is evaluated); until an eval row has
+arrived, as in a run without eval envs, a train env's episode qualifies
+too. When the recorded episode ends, its frames become the video
+``eval_episode/<key>`` (``episode/<key>`` for a train episode). A recorded
+episode that is dropped (see above) leaves no video, and the next episode
+that qualifies is recorded instead. Frames are copied out of the batch, so
+the logger holds at most one episode's frames plus the videos of one write.
 
 ``serve_logger(config)`` is the process: both methods share one server worker
 (`rpc_server.py`), so they run one at a time, and the main loop writes and
@@ -54,6 +71,7 @@ import numpy as np
 
 from dreamer_ver.files import write_json
 from dreamer_ver.rpc.server import Server
+from dreamer_ver.runtime.outputs import make_outputs, write_gif
 from dreamer_ver.runtime.process import (
     StopSignal, run_periodically, server_kwargs)
 from dreamer_ver.runtime.transitions import check_rows, shipment_of
@@ -64,7 +82,7 @@ REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
 class _Episode:
   """The running totals of one env's open episode."""
 
-  __slots__ = ('is_eval', 'score', 'length', 'logs', 'updated')
+  __slots__ = ('is_eval', 'score', 'length', 'logs', 'updated', 'frames')
 
   def __init__(self, is_eval, now):
     self.is_eval = is_eval
@@ -72,6 +90,7 @@ class _Episode:
     self.length = 0
     self.logs = {}  # log key -> [sum, count]
     self.updated = now
+    self.frames = None  # image key -> its frames, while recorded
 
 
 class LoggerService:
@@ -83,10 +102,11 @@ class LoggerService:
     self.logdir.mkdir(parents=True, exist_ok=True)
     self.ckpt = self.logdir / 'ckpt' / 'logger.json'
     self.scores_path = self.logdir / 'scores.jsonl'
-    self.metrics_path = self.logdir / 'metrics.jsonl'
-    self.outputs = tuple(config.logger.outputs)
     self.filter = re.compile(config.logger.filter) if (
         config.logger.filter) else None
+    self.fps = config.logger.fps
+    self.video_every = float(config.logger.video_every)
+    self.video_length = config.logger.video_length
     self.timeout = float(config.run.episode_timeout)
     self.target = float(config.run.steps)
     self.clock = clock
@@ -100,9 +120,13 @@ class LoggerService:
     self._means = collections.defaultdict(lambda: [0.0, 0])  # key -> [sum, n]
     self._counts = collections.Counter()  # parallel/* counters per write
     self._latest = {}  # 'score', 'eval_score', 'fps/train' -> last value
-    self._tensorboard = None
+    self._videos = {}  # name -> uint8 [T, H, W, C], the newest until a write
+    self._recording = None  # (envid, _Episode) whose frames are kept
+    self._last_video = -math.inf  # clock() when the newest episode video ended
+    self._seen_eval = False  # an eval row arrived: record eval episodes only
     self.activity = 0
     self._last_write = (self._step, clock())
+    self.outputs = make_outputs(config, self.logdir)  # Last: it may raise.
 
   @property
   def step(self):
@@ -119,7 +143,7 @@ class LoggerService:
   def tran(self, trans):
     """Counts env steps and aggregates episodes from a transition batch
     (unless it is a resend of one already counted)."""
-    columns, logs = self._check(trans)
+    columns, logs, images = self._check(trans)
     shipment = shipment_of(trans, 'tran')
     envids, is_eval = columns['envid'], columns['is_eval']
     is_first, is_last = columns['is_first'], columns['is_last']
@@ -133,6 +157,7 @@ class LoggerService:
           return {}
         self._shipments[sender] = seq
       now = self.clock()
+      self._seen_eval = self._seen_eval or bool(is_eval.any())
       for i in range(len(envids)):
         envid, evaluating = int(envids[i]), bool(is_eval[i])
         if not evaluating:
@@ -148,6 +173,9 @@ class LoggerService:
           if episode is not None:  # It never saw is_last: a half episode.
             self._counts['parallel/ep_abandoned'] += 1
           episode = self._open[envid] = _Episode(evaluating, now)
+          if images and self._should_record(evaluating, now):
+            episode.frames = {key: [] for key in images}
+            self._recording = (envid, episode)
         elif episode is None:
           continue  # Its start came before this logger (re)started.
         episode.updated = now
@@ -157,14 +185,29 @@ class LoggerService:
           entry = episode.logs.setdefault(key, [0.0, 0])
           entry[0] += float(values[i])
           entry[1] += 1
+        if episode.frames is not None:
+          for key, values in images.items():
+            frames = episode.frames.setdefault(key, [])
+            if len(frames) < self.video_length:
+              frames.append(values[i].copy())  # Not a view: frees the batch.
         if is_last[i]:
           self._counts['parallel/ep_ends'] += 1
           del self._open[envid]
-          self._finish(envid, episode)
+          self._finish(envid, episode, now)
       self._expire(now)
     return {}
 
-  def _finish(self, envid, episode):
+  def _should_record(self, evaluating, now):
+    """Whether the episode starting now is the next one recorded."""
+    if self.video_every <= 0 or now - self._last_video < self.video_every:
+      return False
+    if self._recording is not None:
+      envid, episode = self._recording
+      if self._open.get(envid) is episode:
+        return False  # One at a time; a dropped one is no longer open.
+    return evaluating or not self._seen_eval
+
+  def _finish(self, envid, episode, now):
     kind = 'eval' if episode.is_eval else 'train'
     name = 'eval_episode' if episode.is_eval else 'episode'
     stats = 'eval_epstats' if episode.is_eval else 'epstats'
@@ -175,14 +218,17 @@ class LoggerService:
     for key, (total, count) in episode.logs.items():
       self._mean(f'{stats}/{key}', total / count)
     self._latest['eval_score' if episode.is_eval else 'score'] = score
+    if episode.frames:
+      for key, frames in episode.frames.items():
+        self._videos[f'{name}/{key}'] = np.stack(frames)
+      self._last_video = now
     record = {
         'step': self._step, 'env': envid, 'score': score, 'length': length,
         'eval': episode.is_eval, 'time': time.time(),
         # The episode's mean of each scalar log/ key (e.g. log/episode).
         **{key: total / count for key, (total, count) in episode.logs.items()}}
-    if 'jsonl' in self.outputs:
-      with self.scores_path.open('a') as file:
-        file.write(json.dumps(record) + '\n')
+    with self.scores_path.open('a') as file:
+      file.write(json.dumps(record) + '\n')
 
   def _expire(self, now):
     """Drops open episodes of envs that have been silent too long."""
@@ -195,7 +241,8 @@ class LoggerService:
       self._counts['parallel/ep_timeout'] += 1
 
   def _check(self, trans):
-    """(required columns, scalar log/ columns), or ValueError; no side effects."""
+    """(required columns, scalar log/ columns, image columns), or
+    ValueError; no side effects."""
     trans = check_rows(trans, 'tran', required=REQUIRED_KEYS)
     columns = {key: trans[key] for key in REQUIRED_KEYS}
     if 'missed' in trans:
@@ -204,26 +251,31 @@ class LoggerService:
           missed < 0).any():
         raise ValueError("tran: 'missed' must be non-negative integers [N].")
       columns['missed'] = missed
-    # Only numeric scalars per row are aggregated; other log values are ignored.
-    logs = {}
+    # Numeric scalars per row of log/ keys are aggregated, and frames of any
+    # key can be recorded; other values are ignored.
+    logs, images = {}, {}
     for key, value in trans.items():
-      if key.startswith('log/'):
-        value = np.asarray(value)
-        if value.ndim == 1 and (
-            np.issubdtype(value.dtype, np.number) or value.dtype == bool):
-          logs[key] = value
-    return columns, logs
+      if key.startswith('log/') and value.ndim == 1 and (
+          np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+        logs[key] = value
+      elif _is_video(value):
+        images[key] = value
+    return columns, logs, images
 
   # ------------------------------------------------------------- metrics
 
   def add(self, metrics):
-    """Averages scalar metrics until the next write; ignores other values."""
+    """Averages scalar metrics and keeps the newest video per key until the
+    next write; ignores other values."""
     if not isinstance(metrics, collections.abc.Mapping):
       raise TypeError(
           f'add expects a dict of scalars, got {type(metrics).__name__}.')
     with self._lock:
       self.activity += 1
       for key, value in metrics.items():
+        if _is_video(value):
+          self._videos[str(key)] = value
+          continue
         value = _scalar(value)
         if value is None:
           continue
@@ -238,30 +290,41 @@ class LoggerService:
     entry[1] += 1
 
   def write(self):
-    """Writes the metrics gathered since the last write; returns the record
-    (None when the step did not advance and nothing new arrived)."""
+    """Writes the metrics and videos gathered since the last write; returns
+    the scalars' record (None when the step did not advance and nothing new
+    arrived)."""
     with self._lock:
       now = self.clock()
       self._expire(now)
-      record = {key: total / n for key, (total, n) in self._means.items()}
-      record.update(self._counts)
+      scalars = {key: total / n for key, (total, n) in self._means.items()}
+      scalars.update(self._counts)
+      videos, self._videos = self._videos, {}
       last_step, last_time = self._last_write
-      if self._step == last_step and not record:
+      if self._step == last_step and not scalars and not videos:
         return None
       fps = (self._step - last_step) / max(now - last_time, 1e-9)
-      record = {'step': self._step, **record}
+      step = self._step
       self._means.clear()
       self._counts.clear()
-      self._last_write = (self._step, now)
+      self._last_write = (step, now)
       latest = dict(self._latest)
       episodes = self._episodes_done['train']
-    if 'jsonl' in self.outputs:
-      with self.metrics_path.open('a') as file:
-        file.write(json.dumps(record) + '\n')
-    if 'tensorboard' in self.outputs:
-      self._write_tensorboard(record)
+    # Outside the lock: encoding a GIF must not hold up tran and add.
+    for name, frames in videos.items():
+      gif = self.logdir / 'videos' / f"{name.replace('/', '_')}_{step}.gif"
+      write_gif(gif, frames, self.fps)
+      for output in self.outputs:
+        output.video(step, name, frames, gif)
+    for output in self.outputs:
+      output.write(step, scalars)
+    record = {'step': step, **scalars}
     self.out(self._progress(record, fps, episodes, latest), flush=True)
     return record
+
+  def close(self):
+    """Closes the outputs (flushes TensorBoard, finishes the W&B run)."""
+    for output in self.outputs:
+      output.close()
 
   def _progress(self, record, fps, episodes, latest):
     step = record['step']
@@ -284,22 +347,6 @@ class LoggerService:
       if shown:
         lines.append('[logger] ' + ' / '.join(shown))
     return '\n'.join(lines)
-
-  def _write_tensorboard(self, record):
-    if self._tensorboard is False:
-      return
-    try:
-      if self._tensorboard is None:
-        import elements
-        self._tensorboard = elements.logger.TensorBoardOutput(
-            str(self.logdir), parallel=False)
-      step = record['step']
-      self._tensorboard(tuple(
-          (step, key, np.asarray(value, np.float32))
-          for key, value in record.items() if key != 'step'))
-    except ImportError as error:
-      self._tensorboard = False
-      self.out(f'[logger] TensorBoard output disabled: {error}', flush=True)
 
   # --------------------------------------------------------- save / load
 
@@ -357,11 +404,18 @@ def serve_logger(config, stop=None):
     server.close(timeout=5)
     service.write()
     service.save()
+    service.close()
   print('[logger] stopped', flush=True)
   return 0
 
 
 # ------------------------------------------------------------------ helpers
+
+def _is_video(value):
+  """Whether a value is uint8 frames [T, H, W, C] with C 1 or 3."""
+  return isinstance(value, np.ndarray) and value.dtype == np.uint8 and (
+      value.ndim == 4 and value.shape[-1] in (1, 3) and len(value) > 0)
+
 
 def _scalar(value):
   """A float for numbers, bools and 0-d arrays; None for anything else."""

@@ -18,8 +18,11 @@ module only wires processes; what runs in each is in `runtime/`, and the
 processes that start them never load JAX.
 """
 
+import sys
+
 from dreamer_ver.rpc.addresses import fill_auto_ports
 from dreamer_ver.runtime.env_worker import run_env
+from dreamer_ver.runtime.outputs import missing
 from dreamer_ver.runtime.process import StopSignal, with_token
 from dreamer_ver.runtime.supervisor import Children
 
@@ -33,6 +36,8 @@ SERVERS_STOP_LAST = 1  # envs and agent stop first, so the servers save all
 def parallel(config):
   """All components on this machine, each in a supervised child process.
   Returns 0 once the agent finished (or on SIGINT/SIGTERM)."""
+  if _outputs_missing(config):
+    return 2
   config = with_token(_with_ports(config))
   run = config.run
   stop = StopSignal()
@@ -68,6 +73,8 @@ def parallel_replay(config):
 
 
 def parallel_logger(config):
+  if _outputs_missing(config):
+    return 2
   return _supervised(config, 'logger', LOGGER)
 
 
@@ -93,6 +100,13 @@ def _wait(children, name, stop):
     return children.wait_for(name, stop)
   finally:
     children.stop_all()
+
+
+def _outputs_missing(config):
+  problem = missing(config)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr)
+  return bool(problem)
 
 
 def _with_ports(config):

@@ -109,5 +109,6 @@ def train(config):
   save()
   replay.close()
   logger.write()
+  logger.close()
   for env in envs:
     env.close()
