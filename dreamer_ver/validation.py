@@ -130,8 +130,8 @@ RANGES = (
           'conhead.units', 'policy.units', 'value.units', 'imag_length',
           'horizon', 'slowvalue.every'),
      lambda v: v >= 1, 'must be >= 1'),
-    (('replay_context', 'replica', 'run.eval_envs', 'run.duration',
-      'run.actor_min_wait', 'env.gym.max_episode_steps',
+    (('replay_context', 'replica', 'run.eval_envs', 'run.eval_every',
+      'run.duration', 'run.actor_min_wait', 'env.gym.max_episode_steps',
       'env.crafter.length') + _agent(
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',
           'dec.layers', 'rewhead.layers', 'conhead.layers', 'policy.layers',

@@ -84,6 +84,21 @@ def test_parallel_runs_to_steps_then_resumes(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason='bash launch script')
+def test_parallel_logs_scores_of_an_eval_worker(tmp_path):
+  logdir = tmp_path / 'run'
+  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
+                    '--run.duration', '60', '--run.eval_every', '3', *FLAGS)
+  assert code == 0, out[-3000:]
+  metrics = [json.loads(l) for l in (logdir / 'metrics.jsonl').open()]
+  evals = [m for m in metrics if 'eval/score' in m]
+  assert evals, out[-3000:]
+  for m in evals:
+    assert 0 <= m['eval/score'] <= 20 and m['eval/length'] == 20, m
+    assert m['eval/version'] >= 0 and m['eval/policy_lag'] >= 0, m
+  assert not (logdir / 'eval_workers' / 'agent.json').exists()
+  assert not _children_alive(logdir), 'child processes left behind'
+
+
 def test_launch_script_runs_components_as_separate_processes(tmp_path):
   logdir = tmp_path / 'split'
   code, out = _run(

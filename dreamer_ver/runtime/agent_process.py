@@ -29,7 +29,8 @@ from dreamer_ver.envs import make_env
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime import devices
-from dreamer_ver.runtime.learner import Learner
+from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
+from dreamer_ver.runtime.learner import Learner, loggable
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, server_kwargs, with_token)
 
@@ -129,6 +130,11 @@ def run_agent(config):
 
   learner_thread = threading.Thread(target=learn, name='Learner', daemon=True)
   learner_thread.start()
+  evaluation = None
+  if run.eval_every > 0:
+    evaluation = PeriodicEvaluation(
+        config, lambda: jax.device_get(store.latest()), lambda: store.version,
+        lambda metrics: logger.add(loggable(metrics))).start()
   links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
            'learner to replay': learner.replay, 'learner to logger': logger}
   should_log = elements.when.Clock(run.log_every)
@@ -159,6 +165,8 @@ def run_agent(config):
 
   server.close()
   learner_thread.join()
+  if evaluation is not None:
+    evaluation.close()
   cause = cause or failure(failed, server, links)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '

@@ -23,11 +23,12 @@
 * Output: one line per episode and a summary on stdout, and one JSON line per
   episode appended to `logdir/eval_scores.jsonl`: step (the checkpoint's env
   steps), env, episode, score, length, eval (true), mode, time.
+* The episode loop is `runtime/evaluation.py`'s, the one the EvalWorker
+  (`runtime/eval_worker.py`) runs during training.
 """
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -37,11 +38,7 @@ from dreamer_ver.agent.agent import Agent
 from dreamer_ver.agent.checkpoint import Checkpoint, CheckpointMismatch
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.runtime import devices
-
-
-def episode_shares(episodes, envs):
-  """Episodes per env: `episodes` split as evenly as possible."""
-  return [episodes // envs + (i < episodes % envs) for i in range(envs)]
+from dreamer_ver.runtime.evaluation import episode_shares, run_episodes
 
 
 def eval_only(config):
@@ -79,9 +76,12 @@ def eval_only(config):
     step = int(counters.get('steps', 0))
     print(f'Evaluating {ckpt.directory} (env step {step}): {episodes} '
           f'episodes on {count} env(s), {mode} actions.', flush=True)
-    results = run_episodes(
-        agent, jax.device_put(state['params'], device), envs, episode_shares(episodes, count), mode,
-        config.seed, config.run.duration)
+    results, _ = run_episodes(
+        agent, jax.device_put(state['params'], device), envs,
+        episode_shares(episodes, count), mode, config.seed,
+        config.run.duration, on_episode=_printer())
+    if len(results) < episodes:
+      print(f'Stopped after run.duration = {config.run.duration} s.')
   finally:
     for env in envs:
       env.close()
@@ -102,69 +102,15 @@ def eval_only(config):
   return 0
 
 
-def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
-                 duration=0.0):
-  """Steps `envs` in lockstep with one batched policy call per step until
-  env i has finished `shares[i]` episodes (or `duration` seconds passed).
-  Returns one dict per finished episode: env, episode, score, length, time.
-  A finished env stops stepping; its row keeps its last observation and the
-  policy's output for it is ignored."""
-  n = len(envs)
-  act_space = envs[0].act_space
-  acts = {k: np.zeros((n, *s.shape), s.dtype) for k, s in act_space.items()}
-  acts['reset'][:] = True
-  carry = agent.init_carry(n)
-  key = jax.random.PRNGKey(seed)
-  rng = np.random.default_rng(seed)
-  active = [share > 0 for share in shares]
-  done = [0] * n
-  score, length = [0.0] * n, [0] * n
-  last = [None] * n
-  results = []
-  start = time.time()
-  while any(active):
-    if duration and time.time() - start > duration:
-      print(f'Stopped after run.duration = {duration} s.')
-      break
-    for i, env in enumerate(envs):
-      if active[i]:
-        last[i] = env.step({k: v[i] for k, v in acts.items()})
-    obs = {k: np.stack([o[k] for o in last]) for k in last[0]
-           if not k.startswith('log/')}
-    if mode == 'random':
-      act = {k: _random(rng, s, n) for k, s in act_space.items()
-             if k != 'reset'}
-    else:
-      key, policy_key = jax.random.split(key)
-      carry, act, _ = agent.policy(params, carry, obs, policy_key, mode)
-      act = jax.device_get(act)
-    acts = {**{k: np.asarray(v) for k, v in act.items()},
-            'reset': obs['is_last'].copy()}
-    for i in range(n):
-      if not active[i]:
-        continue
-      if obs['is_first'][i]:
-        score[i], length[i] = 0.0, 0
-      score[i] += float(obs['reward'][i])
-      length[i] += 1
-      if obs['is_last'][i]:
-        # As `scores.jsonl`: the first observation is not a step.
-        record = {'env': i, 'episode': done[i], 'score': score[i],
-                  'length': length[i] - 1, 'time': time.time()}
-        results.append(record)
-        print(f"episode {len(results)}: env {i} score {record['score']:.2f} "
-              f"length {record['length']}", flush=True)
-        done[i] += 1
-        active[i] = done[i] < shares[i]
-  return results
+def _printer():
+  """Prints each episode as it finishes, numbered in finishing order."""
+  finished = []
 
-
-def _random(rng, space, n):
-  if space.discrete:
-    return rng.integers(space.low, space.high, (n, *space.shape)).astype(
-        space.dtype)
-  return rng.uniform(space.low, space.high, (n, *space.shape)).astype(
-      space.dtype)
+  def on_episode(record):
+    finished.append(record)
+    print(f"episode {len(finished)}: env {record['env']} score "
+          f"{record['score']:.2f} length {record['length']}", flush=True)
+  return on_episode
 
 
 def _config_hint(logdir, config):
