@@ -208,3 +208,31 @@ def test_the_multi_host_recipe_runs_as_written_on_loopback(tmp_path):
              if 'actor/carry_refused' in m]
   assert refused and max(refused) == 0, refused
   assert not _children_alive(logdir)
+
+
+def test_a_run_writes_tensorboard_and_wandb_with_the_values_of_metrics_jsonl(
+    tmp_path, monkeypatch):
+  """`--logger.outputs jsonl tensorboard wandb` on a debug run: no
+  TensorFlow, no network (W&B offline); both hold what metrics.jsonl holds."""
+  from tensorboard.backend.event_processing.event_accumulator import (
+      EventAccumulator)
+  from test_outputs import wandb_history
+  for name in ('CONFIG_DIR', 'CACHE_DIR', 'DATA_DIR'):
+    monkeypatch.setenv(f'WANDB_{name}', str(tmp_path / 'wandb_home'))
+  logdir = tmp_path / 'run'
+  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
+                    '--run.steps', '300', *FLAGS, '--logger.outputs', 'jsonl',
+                    'tensorboard', 'wandb', '--logger.wandb_mode', 'offline')
+  assert code == 0, out[-3000:]
+  key = 'episode/score'
+  jsonl = {r['step']: r[key] for r in map(
+      json.loads, (logdir / 'metrics.jsonl').open()) if key in r}
+  assert jsonl
+  events = EventAccumulator(str(logdir))
+  events.Reload()
+  tensorboard = {e.step: e.value for e in events.Scalars(key)}
+  assert tensorboard == pytest.approx(jsonl)  # float32 in the event file
+  (wandb_log,) = logdir.glob('wandb/offline-run-*/run-*.wandb')
+  history = wandb_history(wandb_log)
+  assert {step: row[key] for step, row in history.items()
+          if key in row} == pytest.approx(jsonl)
