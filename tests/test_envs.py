@@ -187,7 +187,10 @@ def test_make_env_fills_missing_keys_from_the_config_defaults():
   env = envs.make_env('synthetic_a', {'synthetic': {'length': 5}})
   assert env.obs_space['vector'].shape == (
       configlib.compose().env.synthetic.vector_size,)
-  assert len(run_episode(env, lambda o: zero_action(env))) == 6
+  episode = run_episode(env, lambda o: zero_action(env))
+  assert len(episode) == 6
+  # The bandit's last round ends the game: terminal, not a time limit.
+  assert [bool(o['is_terminal']) for o in episode] == [False] * 5 + [True]
 
 
 def test_config_env_defaults_fit_the_constructors():

@@ -1,10 +1,15 @@
 """A synthetic env with a configurable step time, for tests and benchmarks.
 
-Each episode is a contextual bandit: `vector[0]` shows a cue in {0, 1} and
-the reward is 1 when the action equals the cue shown with the previous
-observation, so a policy that reads the cue scores `length` and a random one
-half of it. `count` is the step index within the episode, which lets tests
-check that per-env state is routed correctly.
+Each episode is a contextual bandit of `length` rounds: `vector[0]` shows a
+cue in {0, 1} and the reward is 1 when the action equals the cue shown with
+the previous observation, so a policy that reads the cue scores `length` and
+a random one half of it. The last round ends the game (`is_terminal`), so
+the critic's value is bounded by the rounds left; as a time limit it would
+be bootstrapped past the end towards 1 / (1 - discount) = 333 rewards,
+where the critic's error swamps the one-reward difference between the
+actions and a learned policy can fall apart. `count` is the step index
+within the episode, which lets tests check that per-env state is routed
+correctly.
 
 Task `synthetic_tagged` also names every step, for fault soaks
 (bench/chaos.py) that check the stored rows afterwards: `tag` is (seed, pid
@@ -79,7 +84,7 @@ class Synthetic(base.Env):
     vector = np.zeros(self.size, np.float32)
     vector[0] = self.cue
     obs = {
-        **base.basic_obs(reward, is_first, is_last, is_terminal=False),
+        **base.basic_obs(reward, is_first, is_last, is_terminal=is_last),
         'vector': vector,
         'count': np.float32(self.count),
     }
