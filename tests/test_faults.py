@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / 'bench'))
+from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '20', '--env.synthetic.step_time', '0.005',
          '--run.log_every', '2', '--run.save_every', '3']
@@ -47,15 +49,6 @@ def _alive(pid):
     return True
   except ProcessLookupError:
     return False
-
-
-def _wait_for(predicate, timeout, poll=0.5):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if predicate():
-      return True
-    time.sleep(poll)
-  return False
 
 
 def _served(logdir):

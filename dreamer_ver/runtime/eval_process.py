@@ -1,0 +1,215 @@
+"""The evaluation worker's own process (`runtime/eval_worker.py` has the
+contract and the caller's handle): `serve` builds the envs, the agent and an
+RPC server; `_Evaluations` keeps at most one job running and one waiting and
+the results not polled yet, and runs the jobs with the episode loop of
+`runtime/evaluation.py` on the worker's own copy of the params.
+"""
+
+import collections
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+
+import numpy as np
+
+from dreamer_ver.files import write_json
+from dreamer_ver.rpc import addresses
+from dreamer_ver.rpc.server import Server
+from dreamer_ver.runtime import process
+from dreamer_ver.runtime.eval_worker import (
+    MODES, remove_record, resolve, record_path)
+
+
+def serve(config, name, env_maker=None, init_fn=None):
+  """The worker process (started by EvalWorker through `Children`)."""
+  parent = os.getppid()
+  if init_fn is not None:
+    resolve(init_fn)()
+  from dreamer_ver.runtime import devices
+  device = devices.setup(config)[0][0]  # the first policy device
+  if env_maker is None:
+    from dreamer_ver.envs import make_run_env
+    make = lambda i: make_run_env(config, config.run.envs + i)
+  else:
+    make = resolve(env_maker)
+  stop = process.StopSignal()
+  evaluations = _Evaluations(config, make, device, stop)
+  port = addresses.free_port()
+  server = Server(f'localhost:{port}', f'EvalWorker{name}',
+                  **process.server_kwargs(config))
+  server.bind('submit', evaluations.submit)
+  server.bind('poll', evaluations.poll, workers=2)  # Owner and from_name.
+  server.bind('status', evaluations.status)
+  server.bind('shutdown', evaluations.shutdown)
+  server.start()
+  thread = threading.Thread(
+      target=evaluations.run, name='Evaluation', daemon=True)
+  thread.start()
+  path = record_path(config.logdir, name)
+  write_json(path, {'name': name, 'addr': f'{_advertised(config)}:{port}',
+                    'pid': os.getpid()})
+  try:
+    # An owner killed outright cannot shut the worker down: it goes too.
+    while not stop.wait(0.5) and os.getppid() == parent:
+      pass
+  finally:
+    remove_record(path, os.getpid())
+    server.close()
+    thread.join(10)
+    evaluations.close_envs()
+  return 0
+
+
+class _Evaluations:
+  """The worker's side: at most one job running and one waiting, and the
+  results not polled yet. `submit`, `poll` and `status` run on the server's
+  threads, `run` on the evaluation thread."""
+
+  def __init__(self, config, make_env, device, stop):
+    from dreamer_ver.agent.agent import Agent, policy_params
+    self.config = config
+    self.make_env = make_env
+    self.device = device
+    self.stop = stop
+    self.count = int(config.run.eval_envs)
+    self.envs = self._build_envs()
+    env = self.envs[0]
+    self.agent = Agent(env.obs_space, env.act_space, config)
+    template = policy_params(self.agent.init_params(0))
+    self.keys = tuple(template)
+    self.shapes = {path: leaf.shape for path, leaf in _leaves(template)}
+    self.cond = threading.Condition()
+    self.pending = None  # the job waiting to run
+    self.running = None  # the version being evaluated
+    self.results = collections.deque()
+
+  def submit(self, params, version, episodes, mode):
+    # Scalars arrive as numpy values from the wire.
+    version, episodes, mode = int(version), int(episodes), str(mode)
+    if mode not in MODES:
+      raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    if episodes < 1:
+      raise ValueError(f'episodes must be >= 1, got {episodes}')
+    if not isinstance(params, Mapping):
+      raise TypeError('params must be a dict of arrays')
+    params = {k: params[k] for k in self.keys if k in params}
+    _check_shapes(params, self.shapes)
+    job = dict(params=params, version=version, episodes=episodes, mode=mode)
+    with self.cond:
+      replaced = self.pending['version'] if self.pending else None
+      self.pending = job
+      self.cond.notify_all()
+    return {'version': version, 'replaced': replaced}
+
+  def poll(self, timeout):
+    timeout = float(timeout)
+    if timeout < 0:
+      raise ValueError(f'timeout must be >= 0, got {timeout}')
+    with self.cond:
+      self.cond.wait_for(lambda: self.results, timeout)
+      return self.results.popleft() if self.results else None
+
+  def status(self):
+    with self.cond:
+      pending = self.pending['version'] if self.pending else None
+      return {'pid': os.getpid(), 'running': self.running,
+              'pending': pending, 'results': len(self.results)}
+
+  def shutdown(self):
+    self.stop.set()
+    with self.cond:
+      self.cond.notify_all()
+    return {}
+
+  def run(self):
+    while True:
+      with self.cond:
+        # A timeout, as SIGTERM sets `stop` without notifying.
+        while self.pending is None and not self.stop.is_set():
+          self.cond.wait(0.5)
+        if self.stop.is_set():
+          return
+        job, self.pending = self.pending, None
+        self.running = job['version']
+      result = self._evaluate(**job)
+      with self.cond:
+        self.running = None
+        if result is not None:
+          self.results.append(result)
+        self.cond.notify_all()
+
+  def _evaluate(self, params, version, episodes, mode):
+    import jax
+    from dreamer_ver.runtime.evaluation import episode_shares, run_episodes
+    start = time.time()
+    try:
+      if self.envs is None:
+        self.envs = self._build_envs()
+      count = min(len(self.envs), episodes)
+      episodes_run, frames = run_episodes(
+          self.agent, jax.device_put(params, self.device), self.envs[:count],
+          episode_shares(episodes, count), mode, self.config.seed,
+          record=True, stop=self.stop)
+      if self.stop.is_set():
+        return None  # Shutting down: the episodes were cut short.
+    except Exception as e:
+      traceback.print_exc()
+      self.close_envs()  # A failed env may be in any state: start afresh.
+      return {'error': f'{type(e).__name__}: {e}', 'version': version}
+    scores = [r['score'] for r in episodes_run]
+    lengths = [r['length'] for r in episodes_run]
+    return {
+        'version': version, 'mode': mode, 'episodes': len(scores),
+        'scores': scores, 'lengths': lengths,
+        'score_mean': float(np.mean(scores)),
+        'score_std': float(np.std(scores)),
+        'length_mean': float(np.mean(lengths)),
+        'length_std': float(np.std(lengths)),
+        'seconds': time.time() - start, 'frames': frames}
+
+  def _build_envs(self):
+    return [self.make_env(i) for i in range(self.count)]
+
+  def close_envs(self):
+    envs, self.envs = self.envs, None
+    for env in envs or ():
+      try:
+        env.close()
+      except Exception:
+        traceback.print_exc()  # Closing a broken env; the rest still close.
+
+
+def _leaves(tree, prefix=''):
+  """(path, leaf) of a tree of nested dicts, in sorted key order."""
+  for key in sorted(tree):
+    value = tree[key]
+    if isinstance(value, Mapping):
+      yield from _leaves(value, f'{prefix}{key}/')
+    else:
+      yield f'{prefix}{key}', value
+
+
+def _check_shapes(params, shapes):
+  got = {path: tuple(np.shape(leaf)) for path, leaf in _leaves(params)}
+  missing = sorted(set(shapes) - set(got))
+  extra = sorted(set(got) - set(shapes))
+  wrong = [f'{p} {got[p]} (expected {shapes[p]})' for p in sorted(got)
+           if p in shapes and got[p] != tuple(shapes[p])]
+  problems = [f'{label}: {", ".join(items[:5])}' for label, items in (
+      ('missing', missing), ('unexpected', extra), ('wrong shape', wrong))
+      if items]
+  if problems:
+    raise ValueError(
+        'params do not fit the eval worker\'s agent (same config as the run?) '
+        + '; '.join(problems))
+
+
+def _advertised(config):
+  """The host other processes reach this worker at."""
+  host = config.run.bind_host
+  if not host or host in ('localhost', '127.0.0.1'):
+    return 'localhost'
+  return socket.gethostname() if host in ('0.0.0.0', '::') else host
