@@ -28,6 +28,7 @@ import sys
 SCRIPTS = {
     'train': 'dreamer_ver.scripts.train:train',
     'parallel': 'dreamer_ver.scripts.parallel:parallel',
+    'ray': 'dreamer_ver.scripts.ray_cluster:ray_cluster',
     'parallel_env': 'dreamer_ver.scripts.parallel:parallel_env',
     'parallel_envs': 'dreamer_ver.scripts.parallel:parallel_envs',
     'parallel_replay': 'dreamer_ver.scripts.parallel:parallel_replay',

@@ -117,6 +117,7 @@ CHOICES = {
     'env.atari.resize': ('pillow', 'numpy'),
     'env.atari.aggregate': ('max', 'mean'),
     'logger.wandb_mode': ('online', 'offline'),
+    'ray.env_strategy': ('SPREAD', 'DEFAULT'),
 }
 
 # Value ranges: (keys, test, the rule as the message states it).
@@ -136,7 +137,9 @@ RANGES = (
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',
           'dec.layers', 'rewhead.layers', 'conhead.layers', 'policy.layers',
           'value.layers', 'rssm.free_nats', 'opt.agc', 'opt.warmup',
-          'imag_loss.actent', 'opt.lr'),
+          'imag_loss.actent', 'opt.lr') + tuple(
+          f'ray.{name}' for name in ('env_cpus', 'agent_cpus', 'agent_gpus',
+                                     'replay_cpus', 'logger_cpus')),
      lambda v: v >= 0, 'must be >= 0'),
     (('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
       'run.report_every', 'run.episode_timeout', 'run.actor_max_wait',
@@ -191,6 +194,11 @@ def _script(c):
   if c['random_agent'] and c['script'] != 'eval_only':
     yield ("random_agent is only supported by --script eval_only "
            f"(got script '{c['script']}')")
+  if c['script'] == 'ray' and (c['run.remote_envs'] or c['run.remote_replay']):
+    yield ('run.remote_envs and run.remote_replay do not apply to --script '
+           'ray: Ray starts every component')
+  if not c['ray.address']:
+    yield "ray.address must be local, auto, host:port or ray://host:port"
 
 
 def _sequences(c):

@@ -75,13 +75,10 @@ def test_maxinflight_blocks_the_caller_until_a_reply():
     server.close()
 
 
-def test_resends_calls_in_flight_after_the_server_restarts():
-  # First a server that takes the calls and dies without replying (a raw
-  # socket), then a real one on the same port: the calls that were in
-  # flight are answered by the second, in order, each exactly once.
-  port = free_port()
+def _swallowing_server(port, received):
+  """A raw socket that takes one connection's calls into `received` and
+  dies without replying; returns its (started) thread."""
   listener = socket.create_server(('127.0.0.1', port))
-  received = []
 
   def swallow():
     conn, _ = listener.accept()
@@ -99,6 +96,16 @@ def test_resends_calls_in_flight_after_the_server_restarts():
 
   thread = threading.Thread(target=swallow)
   thread.start()
+  return thread
+
+
+def test_resends_calls_in_flight_after_the_server_restarts():
+  # First a server that takes the calls and dies without replying (a raw
+  # socket), then a real one on the same port: the calls that were in
+  # flight are answered by the second, in order, each exactly once.
+  port = free_port()
+  received = []
+  thread = _swallowing_server(port, received)
   client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=8)
   try:
     pending = [client.add(i, 100) for i in range(10, 13)]
@@ -111,6 +118,43 @@ def test_resends_calls_in_flight_after_the_server_restarts():
       assert [f.result(timeout=20)['sum'] for f in pending] == [110, 111, 112]
       assert calls == [10, 11, 12]
       assert client.add(5, 5).result(timeout=10)['sum'] == 10
+    finally:
+      server.close()
+  finally:
+    client.close(timeout=2)
+
+
+def test_an_address_lookup_finds_a_server_that_moved():
+  # The address is a function, asked before every connection attempt: it
+  # knows no server at first (None), then the first one, which dies with
+  # the calls unanswered, then a second one on another port. The calls in
+  # flight are answered there, each exactly once.
+  first, second = free_port(), free_port()
+  where = [None]
+  asked = []
+
+  def lookup():
+    asked.append(where[0])
+    return where[0]
+
+  client = Client(lookup, 'Test', maxinflight=8)
+  try:
+    pending = [client.add(i, 100) for i in range(3)]
+    deadline = time.monotonic() + 10
+    while len(asked) < 3 and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert len(asked) >= 3 and set(asked) == {None}  # Retries while unknown.
+    received = []
+    thread = _swallowing_server(first, received)
+    where[0] = f'127.0.0.1:{first}'
+    thread.join(timeout=10)
+    assert received, 'the first server saw no requests'
+    calls = []
+    server = _server(second, calls)
+    where[0] = f'127.0.0.1:{second}'
+    try:
+      assert [f.result(timeout=20)['sum'] for f in pending] == [100, 101, 102]
+      assert calls == [0, 1, 2]
     finally:
       server.close()
   finally:

@@ -37,6 +37,8 @@ RULES = {
     '': (('dreamer_ver.scripts',), 'only main.py imports scripts/'),
 }
 ALLOWED_OWN = {'rpc': 'dreamer_ver.rpc'}  # rpc/ may import itself
+# Ray is an optional extra: only the ray script and the Ray host import it.
+RAY_IMPORTERS = {'runtime/ray_host.py', 'scripts/ray_cluster.py'}
 
 
 def module_name(path, root):
@@ -84,6 +86,12 @@ def violations(root):
   return found
 
 
+def ray_importers(root):
+  """The modules that import Ray."""
+  return {path.relative_to(root).as_posix() for path in root.rglob('*.py')
+          if any(_under(name, 'ray') for name in imports(path, root))}
+
+
 def _under(name, prefix):
   """'jax' covers jax and jax.numpy; 'dreamer_ver.' every submodule."""
   if prefix.endswith('.'):
@@ -93,6 +101,15 @@ def _under(name, prefix):
 
 def test_every_folder_keeps_its_import_rules():
   assert violations(PACKAGE) == []
+
+
+def test_only_the_ray_script_and_host_import_ray(tmp_path):
+  assert ray_importers(PACKAGE) == RAY_IMPORTERS
+  root = tmp_path / 'dreamer_ver'
+  shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns('__pycache__'))
+  with (root / 'runtime' / 'supervisor.py').open('a') as f:
+    f.write('\n\ndef _offence():\n  from ray import util\n')
+  assert ray_importers(root) == RAY_IMPORTERS | {'runtime/supervisor.py'}
 
 
 def test_every_folder_of_the_package_has_a_rule():

@@ -5,6 +5,11 @@ listens on loopback only; other interfaces are used only when the address
 names them (or the caller passes a host, e.g. `0.0.0.0`). A client opens
 each connection with a handshake string; servers built with a token accept
 only clients presenting the same token.
+
+A client's address may also be a function returning 'host:port' (or None
+while unknown): it is called again before every connection attempt, so a
+control plane that moves a server to another host (`runtime/ray_host.py`)
+can tell the clients where it went.
 """
 
 import socket
@@ -25,6 +30,20 @@ def split_addr(addr):
   return host.strip('[]') or 'localhost', int(port)
 
 
+def client_addr(addr):
+  """What a client keeps: (host, port), or the lookup function as it is."""
+  return addr if callable(addr) else split_addr(addr)
+
+
+def current(addr):
+  """(host, port) of a client address from `client_addr`; None while a
+  lookup does not know it."""
+  if not callable(addr):
+    return addr
+  found = addr()
+  return None if found is None else split_addr(found)
+
+
 def bind_host(addr):
   """The interface a server for `addr` listens on (loopback for localhost)."""
   host, _ = split_addr(addr)
@@ -38,9 +57,9 @@ def handshake(token):
   return f'dreamer_ver:{token}' if token else HANDSHAKE
 
 
-def free_port():
+def free_port(host='127.0.0.1'):
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-    sock.bind(('127.0.0.1', 0))
+    sock.bind((host, 0))
     return sock.getsockname()[1]
 
 

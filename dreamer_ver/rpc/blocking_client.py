@@ -12,13 +12,13 @@ import itertools
 from portal.client_socket import Disconnected
 
 from . import wire
-from .addresses import HANDSHAKE, split_addr
+from .addresses import HANDSHAKE, client_addr
 
 
 class BlockingClient:
 
   def __init__(self, addr, handshake=HANDSHAKE, max_msg_size=2 ** 30):
-    self.addr = split_addr(addr)
+    self.addr = client_addr(addr)
     self.handshake = handshake
     self.max_msg_size = max_msg_size
     self.sock = None

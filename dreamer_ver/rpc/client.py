@@ -31,7 +31,7 @@ import threading
 from portal.client_socket import Disconnected
 
 from . import wire
-from .addresses import HANDSHAKE, split_addr
+from .addresses import HANDSHAKE, client_addr
 
 
 class Dropped(RuntimeError):
@@ -51,7 +51,7 @@ class Client:
       raise ValueError(f'maxinflight must be >= 1, got {maxinflight}')
     if when_full not in ('block', 'drop'):
       raise ValueError(f"when_full must be 'block' or 'drop', not {when_full!r}")
-    self.addr = split_addr(addr)
+    self.addr = client_addr(addr)
     self.name = name
     self.maxinflight = maxinflight
     self.when_full = when_full

@@ -14,14 +14,21 @@ import socket
 import numpy as np
 from portal import packlib
 
+from .addresses import current
+
+
 def connect(addr, handshake, stop, retry=0.1):
   """A connected socket that has sent the handshake; retries until `stop`
   (a threading.Event or anything with `is_set` and `wait`) is set, then
-  returns None."""
+  returns None. `addr` is (host, port) or a lookup (`addresses.current`)."""
   while not stop.is_set():
     sock = None
+    target = current(addr)
+    if target is None:
+      stop.wait(retry)
+      continue
     try:
-      sock = socket.create_connection(addr, timeout=1.0)
+      sock = socket.create_connection(target, timeout=1.0)
       sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
       sock.sendall(handshake.encode('utf-8'))
       sock.settimeout(None)  # blocking; `recv` polls with select

@@ -32,7 +32,7 @@ from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.learner import Learner, loggable
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, server_kwargs, with_token)
+    StopSignal, client_kwargs, peer, server_kwargs, with_token)
 
 
 def build_agent(config):
@@ -53,9 +53,9 @@ def build_actor(config, agent, store, counters):
   actor = Actor(
       agent, store, slots=max(envs, largest),
       buckets=preemption.bucket_sizes(run, largest), seed=config.seed,
-      replay=Client(run.replay_addr, 'ActorReplay', maxinflight=8,
+      replay=Client(peer(run.replay_addr), 'ActorReplay', maxinflight=8,
                     **client_kwargs(config)),
-      logger=Client(run.logger_addr, 'ActorLogger', maxinflight=8,
+      logger=Client(peer(run.logger_addr), 'ActorLogger', maxinflight=8,
                     when_full='drop', **client_kwargs(config)))
   actor.shipper.served = counters['steps']
   inference = actor.compile()  # seconds per bucket, one dict per lane
@@ -76,17 +76,17 @@ def build_learner(config, agent, state, store, ckpt, counters, logger):
   """The learner on the train device, compiled."""
   learner = Learner(
       agent, state, store, config,
-      replay=Client(config.run.replay_addr, 'LearnerReplay', maxinflight=8,
-                    **client_kwargs(config)),
+      replay=Client(peer(config.run.replay_addr), 'LearnerReplay',
+                    maxinflight=8, **client_kwargs(config)),
       logger=logger, ckpt=ckpt, counters=counters)
   learner.compile()
   print('Learner compiled.')
   return learner
 
 
-def run_agent(config):
+def run_agent(config, stop=None):
   """Serves and trains until `run.steps` env steps are served, `run.duration`
-  seconds passed, or SIGINT/SIGTERM, then saves the agent and returns 0.
+  seconds passed, or SIGINT/SIGTERM (or `stop` is set), then saves the agent and returns 0.
 
   If a part of the agent dies -- the learner thread, a batch-server loop, a
   link to replay or logger -- it prints the cause once, saves what is sound
@@ -97,7 +97,7 @@ def run_agent(config):
   began = time.monotonic()
   config = with_token(config)
   run = config.run
-  stop = StopSignal()
+  stop = stop if stop is not None else StopSignal()
   policy_devices, train_device = devices.setup(config)
   agent = build_agent(config)
   ckpt, state, counters = checkpoint.restore(agent, config)
@@ -105,7 +105,7 @@ def run_agent(config):
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
   actor, server = build_actor(config, agent, store, counters)
-  logger = Client(run.logger_addr, 'LearnerLogger', maxinflight=2,
+  logger = Client(peer(run.logger_addr), 'LearnerLogger', maxinflight=2,
                   when_full='drop', **client_kwargs(config))
   learner = build_learner(config, agent, state, store, ckpt, counters, logger)
   shipper = actor.shipper

@@ -14,7 +14,7 @@ from portal.client_socket import Disconnected
 
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.rpc.blocking_client import BlockingClient
-from dreamer_ver.runtime.process import StopSignal, client_kwargs
+from dreamer_ver.runtime.process import StopSignal, client_kwargs, peer
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -29,7 +29,7 @@ def run_envs(config, envids, is_eval=False, stop=None):
   n = len(envs)
   halves = [list(range(n))] if n == 1 else [
       list(range(n // 2)), list(range(n // 2, n))]
-  client = BlockingClient(config.run.actor_addr, **client_kwargs(config))
+  client = BlockingClient(peer(config.run.actor_addr), **client_kwargs(config))
   client.connect(stop)
   while not stop:
     try:
@@ -66,6 +66,22 @@ def _serve(client, envs, envids, halves, is_eval, stop):
         for row, i in enumerate(half):
           actions[i] = {k: v[row] for k, v in reply.items()}
       pending[h] = ask(half)
+
+
+def fleets(run, offset=0):
+  """(name, env ids, is_eval) of each env process of a run: train envs get
+  ids offset .. offset+envs-1, eval envs the next ids, and each process
+  hosts up to `run.envs_per_worker` envs of one kind."""
+  per = max(1, run.envs_per_worker)
+  groups = []
+  for first, count, is_eval in ((0, run.envs, False),
+                                (run.envs, run.eval_envs, True)):
+    ids = [offset + first + i for i in range(count)]
+    for group in (ids[i:i + per] for i in range(0, count, per)):
+      name = f'env{group[0]}' if len(group) == 1 else (
+          f'env{group[0]}-{group[-1]}')
+      groups.append((name, group, is_eval))
+  return groups
 
 
 def request(obs, envids, is_eval, single):

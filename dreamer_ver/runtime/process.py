@@ -3,7 +3,8 @@ settings it implies, and a graceful stop.
 
 Servers bind to the host named in their `host:port` address
 (`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
-multi-host run).
+multi-host run). Clients connect to `peer(addr)`: on a Ray cluster the
+addresses are names that Ray resolves.
 
 Every server of a run only accepts clients that present the run's token in
 the connection handshake. The token comes from `run.token`, else the
@@ -21,6 +22,7 @@ from pathlib import Path
 from dreamer_ver.rpc import addresses
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
+RAY_PREFIX = 'ray:'
 
 
 def server_kwargs(config):
@@ -35,6 +37,16 @@ def server_kwargs(config):
 def client_kwargs(config):
   """Keyword arguments for our clients (and portal.Client) in a run."""
   return dict(handshake=addresses.handshake(config.run.token))
+
+
+def peer(addr):
+  """The address a client of a run connects to: `addr` as it is, or for
+  'ray:<name>' a lookup of where the run's Ray-hosted component <name>
+  serves now, asked again at every reconnect (`runtime/ray_host.py`)."""
+  if str(addr).startswith(RAY_PREFIX):
+    from dreamer_ver.runtime.ray_host import Lookup
+    return Lookup(addr[len(RAY_PREFIX):])
+  return addr
 
 
 def with_token(config):

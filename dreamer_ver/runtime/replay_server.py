@@ -77,7 +77,7 @@ from dreamer_ver.replay.replay import RESERVED_KEYS, mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, run_periodically, server_kwargs)
+    StopSignal, client_kwargs, peer, run_periodically, server_kwargs)
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.runtime.transitions import check_rows, shipment_of
 
@@ -457,7 +457,7 @@ def serve_replay(config, stop=None):
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
   server.start()
-  logger = Client(config.run.logger_addr, 'ReplayLogger', maxinflight=1,
+  logger = Client(peer(config.run.logger_addr), 'ReplayLogger', maxinflight=1,
                   when_full='drop', **client_kwargs(config))
   saved_activity = [service.activity]
 

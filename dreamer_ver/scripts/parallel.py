@@ -21,7 +21,7 @@ processes that start them never load JAX.
 import sys
 
 from dreamer_ver.rpc.addresses import fill_auto_ports
-from dreamer_ver.runtime.env_worker import run_env
+from dreamer_ver.runtime.env_worker import fleets, run_env
 from dreamer_ver.runtime.outputs import missing
 from dreamer_ver.runtime.process import StopSignal, with_token
 from dreamer_ver.runtime.supervisor import Children
@@ -118,15 +118,6 @@ def _with_ports(config):
 
 
 def _start_env_workers(children, config, offset):
-  """Train envs get ids offset .. offset+envs-1, eval envs the next ids;
-  each process hosts up to `run.envs_per_worker` envs of one kind."""
-  run = config.run
-  per = max(1, run.envs_per_worker)
-  for first, count, is_eval in ((0, run.envs, False),
-                                (run.envs, run.eval_envs, True)):
-    ids = [offset + first + i for i in range(count)]
-    for group in (ids[i:i + per] for i in range(0, count, per)):
-      name = f'env{group[0]}' if len(group) == 1 else (
-          f'env{group[0]}-{group[-1]}')
-      children.start(name, 'dreamer_ver.runtime.env_worker:run_envs',
-                     config, group, is_eval, restart=run.restart_envs)
+  for name, ids, is_eval in fleets(config.run, offset):
+    children.start(name, 'dreamer_ver.runtime.env_worker:run_envs',
+                   config, ids, is_eval, restart=config.run.restart_envs)

@@ -1,0 +1,128 @@
+"""Components of a run as Ray actors: Ray places, watches and restarts them;
+their per-step traffic stays on our portal-protocol sockets.
+
+  Host       a Ray actor running one component ('module:function', the same
+             entry points the supervised processes call) in a thread of its
+             worker process
+  Lookup     a client address: where the run's component <name> serves now
+  start(config, name, target, *args, serves=None, **options) -> actor handle
+
+Why a thread in the Ray worker and not a child process: when a node dies,
+Ray's workers on it die with it, and so must the env processes they host,
+or an orphaned fleet would keep acting with env ids that its restarted
+copy now uses.
+
+Restarts. A Host is created with unlimited restarts and task retries, so
+Ray starts it again (on another node when its node is gone) with the same
+arguments: the same env ids for a fleet, the same logdir for replay, logger
+and agent, which resume from their checkpoints there. A component that
+returns non-zero (the agent after a broken link, as in `run_agent`) ends
+the worker process, so Ray restarts it the same way.
+
+Addresses. A Host that serves (`serves` names its config key, e.g.
+'run.replay_addr') binds a free port on its node's address and reports it
+with `address()`; everyone else holds 'ray:<name>' in that key, which
+`runtime.process.peer` turns into a `Lookup`, asked again at every
+reconnect. A server that moved to another node is found there.
+"""
+
+import importlib
+import os
+import threading
+import traceback
+import warnings
+
+import ray
+
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.runtime.process import StopSignal
+
+LOOKUP_TIMEOUT = 5.0
+
+
+class Host:
+  """One component of a run. Ray calls its methods from a few threads
+  (`max_concurrency`), so `join` may wait while `address` answers."""
+
+  def __init__(self, name, target, config, args, serves=None):
+    self.name = name
+    self.addr = None
+    if serves:
+      ip = ray.util.get_node_ip_address()
+      self.addr = f'{ip}:{free_port(ip)}'
+      config = config.update({serves: self.addr})
+    self.code = None
+    self.stopping = StopSignal(install=False)
+    self.finished = threading.Event()
+    context = ray.get_runtime_context()
+    with warnings.catch_warnings():  # Ray warns about its own internals.
+      warnings.simplefilter('ignore', DeprecationWarning)
+      again = ' again' if context.was_current_actor_reconstructed else ''
+    print(f'[ray] {name} started{again} on node {context.get_node_id()[:8]}'
+          + (f', serving at {self.addr}' if self.addr else ''), flush=True)
+    self.thread = threading.Thread(
+        target=self._run, args=(target, config, args), name=name, daemon=True)
+    self.thread.start()
+
+  def _run(self, target, config, args):
+    module, function = target.split(':')
+    # The component's servers start portal threads from this thread, not
+    # the main one; they are closed by the component itself when it stops.
+    warnings.filterwarnings('ignore', 'Using Portal from plain Python threads')
+    try:
+      fn = getattr(importlib.import_module(module), function)
+      code = fn(config, *args, stop=self.stopping) or 0
+    except BaseException:
+      traceback.print_exc()
+      code = 1
+    self.code = code
+    self.finished.set()
+    if code != 0 and not self.stopping.is_set():
+      print(f'[ray] {self.name} exited with code {code}; Ray restarts it.',
+            flush=True)
+      os._exit(1)
+
+  def address(self):
+    return self.addr
+
+  def node(self):
+    return ray.get_runtime_context().get_node_id()
+
+  def join(self, timeout):
+    """The component's exit code once it finished, else None after
+    `timeout` seconds."""
+    self.finished.wait(timeout)
+    return self.code
+
+  def stop(self, timeout):
+    """Tells the component to save and stop; its exit code, or None if it
+    is still running after `timeout` seconds."""
+    self.stopping.set()
+    return self.join(timeout)
+
+
+class Lookup:
+  """A client address: calls to it return where the run's component `name`
+  serves now, or None while Ray cannot say (it is being restarted)."""
+
+  def __init__(self, name):
+    self.name = name
+
+  def __call__(self):
+    try:
+      handle = ray.get_actor(self.name)
+      return ray.get(handle.address.remote(), timeout=LOOKUP_TIMEOUT)
+    except Exception:  # Not created yet, restarting, or its node is gone.
+      return None
+
+  def __repr__(self):
+    return f'ray:{self.name}'
+
+
+def start(config, name, target, *args, serves=None, **options):
+  """Creates the Host `name` (a named actor in the driver's namespace) for
+  `target`; `options` are Ray's (num_cpus, num_gpus, scheduling_strategy)."""
+  actor = ray.remote(Host).options(
+      name=name, max_restarts=-1, max_task_retries=-1, max_concurrency=4,
+      **options)
+  return actor.remote(name, target, config, args, serves=serves)

@@ -1,0 +1,159 @@
+"""The run on a Ray cluster (`--script ray`), on a local multi-node cluster
+from Ray's own `cluster_utils`: placement over nodes, node loss (env fleets,
+then the replay), SIGTERM, and resume. Loopback only: Ray is told to use
+127.0.0.1 for every node."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip('ray')
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from dreamer_ver.scripts.ray_cluster import namespace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / 'bench'))
+from watch import logger_step, wait  # noqa: E402  (bench/watch.py)
+
+LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}  # node IP 127.0.0.1
+# The agent fills a node of its own (2 CPUs), so removing another node
+# never takes it along; the other components fit on any two nodes.
+NODE_CPUS = 2
+FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
+         '--env.synthetic.length', '20', '--env.synthetic.step_time', '0.005',
+         '--run.envs_per_worker', '2', '--run.log_every', '2',
+         '--run.save_every', '3', '--ray.agent_cpus', str(NODE_CPUS),
+         '--ray.replay_cpus', '0.5', '--ray.logger_cpus', '0.5',
+         '--ray.env_cpus', '0.5']
+FLEETS = ('env0-1', 'env2-3', 'env4')  # debug: 4 train envs, 1 eval env
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+  """A head that hosts nothing (the drivers connect there) and three nodes."""
+  for key, value in LOOPBACK.items():
+    monkeypatch.setenv(key, value)
+  cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 0})
+  for _ in range(3):
+    cluster.add_node(num_cpus=NODE_CPUS)
+  cluster.wait_for_nodes()
+  ray.init(address=cluster.address)
+  yield cluster
+  ray.shutdown()
+  cluster.shutdown()
+
+
+def _driver(cluster, logdir, steps, output):
+  env = {**os.environ, **LOOPBACK, 'JAX_PLATFORMS': 'cpu',
+         'PYTHONUNBUFFERED': '1'}
+  return subprocess.Popen(
+      [sys.executable, '-m', 'dreamer_ver.main', '--script', 'ray',
+       '--ray.address', cluster.address, '--logdir', str(logdir),
+       '--run.steps', str(steps), *FLAGS],
+      cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+
+
+def _nodes(logdir, names):
+  """{component: node id}; the run's actors live in its own namespace."""
+  found = {}
+  for name in names:
+    try:
+      actor = ray.get_actor(name, namespace=namespace(logdir))
+      found[name] = ray.get(actor.node.remote(), timeout=10)
+    except (ValueError, ray.exceptions.RayError):
+      pass  # Not (yet) created, or restarting.
+  return found
+
+
+def _remove_node(cluster, node_id):
+  """Removes the node and adds a fresh one, as an autoscaler would."""
+  node = next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+  cluster.remove_node(node)
+  cluster.add_node(num_cpus=NODE_CPUS)
+
+
+def _run_alive(logdir):
+  return [a for a in ray.util.list_named_actors(all_namespaces=True)
+          if a['namespace'] == namespace(logdir)]
+
+
+@pytest.mark.slow
+def test_ray_run_survives_node_loss_stops_on_sigterm_and_resumes(
+    cluster, tmp_path):
+  logdir = tmp_path / 'run'
+  log = tmp_path / 'driver.log'
+  with log.open('w') as output:
+    driver = _driver(cluster, logdir, 10 ** 6, output)
+  try:
+    # Placement: the fleets are spread over at least two nodes.
+    assert wait(lambda: len(_nodes(logdir, FLEETS + ('replay', 'agent')))
+                == 5, 120), log.read_text()[-3000:]
+    assert wait(lambda: logger_step(logdir) > 100, 240), log.read_text()[-3000:]
+    nodes = _nodes(logdir, FLEETS + ('replay', 'agent'))
+    fleet_nodes = {nodes[f] for f in FLEETS}
+    assert len(fleet_nodes) >= 2, nodes
+
+    # A node with fleets but neither replay nor agent goes away: its fleets
+    # come back on other nodes and the run goes on.
+    lost = next(n for n in fleet_nodes if n not in (
+        nodes['replay'], nodes['agent']))
+    moved = [f for f in FLEETS if nodes[f] == lost]
+    _remove_node(cluster, lost)
+    assert wait(lambda: all(
+        _nodes(logdir, moved).get(f, lost) != lost for f in moved), 120)
+    step = logger_step(logdir)
+    assert wait(lambda: logger_step(logdir) > step + 100, 180), (
+        log.read_text()[-3000:])
+
+    # The replay's node goes away: the replay comes back elsewhere from its
+    # checkpoint and write-ahead log, and the learner goes on with it.
+    _remove_node(cluster, nodes['replay'])
+    assert wait(lambda: _nodes(logdir, ['replay']).get(
+        'replay', nodes['replay']) != nodes['replay'], 120)
+    step = logger_step(logdir)
+    assert wait(lambda: logger_step(logdir) > step + 100, 180), (
+        log.read_text()[-3000:])
+    assert _nodes(logdir, ['agent'])['agent'] == nodes['agent']
+
+    # SIGTERM: every component saves and stops, no actor of the run is left.
+    began = time.monotonic()
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) == 0
+    assert time.monotonic() - began < 20
+    assert wait(lambda: not _run_alive(logdir), 10), _run_alive(logdir)
+  finally:
+    if driver.poll() is None:
+      driver.kill()
+      driver.wait()
+  text = log.read_text()
+  assert '[ray] replay started again' in text
+  reloaded = text.split('[ray] replay started again')[1]
+  loaded = int(reloaded.split('[replay] loaded ')[1].split()[0])
+  assert loaded > 0  # Its sequences came back from the logdir.
+  assert 'Agent saved at step' in text
+
+  # The same command resumes and stops by itself at run.steps.
+  saved = logger_step(logdir)
+  with log.open('w') as output:
+    driver = _driver(cluster, logdir, saved + 500, output)
+  try:
+    assert driver.wait(timeout=300) == 0, log.read_text()[-3000:]
+  finally:
+    if driver.poll() is None:
+      driver.kill()
+      driver.wait()
+  text = log.read_text()
+  assert '[logger] resumed at step' in text
+  assert _agent_saved(text) >= saved + 500  # It went on to run.steps.
+  assert not _run_alive(logdir)
+
+
+def _agent_saved(output):
+  """The step of the agent's last save in a driver's output."""
+  return int(output.rsplit('Agent saved at step ', 1)[1].split('.')[0])
