@@ -86,7 +86,8 @@ def build_learner(config, agent, state, store, ckpt, counters, logger):
 
 def run_agent(config, stop=None):
   """Serves and trains until `run.steps` env steps are served, `run.duration`
-  seconds passed, or SIGINT/SIGTERM (or `stop` is set), then saves the agent and returns 0.
+  seconds passed, or SIGINT/SIGTERM (or `stop` is set), then saves the
+  agent and returns 0.
 
   If a part of the agent dies -- the learner thread, a batch-server loop, a
   link to replay or logger -- it prints the cause once, saves what is sound
