@@ -24,7 +24,7 @@ def run_env(config, envid, is_eval=False, stop=None):
 
 def run_envs(config, envids, is_eval=False, stop=None):
   """Runs the envs `envids` in this process until SIGINT/SIGTERM."""
-  stop = stop or StopSignal()
+  stop = stop if stop is not None else StopSignal()
   envs = [make_run_env(config, i) for i in envids]
   n = len(envs)
   halves = [list(range(n))] if n == 1 else [

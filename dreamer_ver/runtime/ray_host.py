@@ -17,7 +17,9 @@ Ray starts it again (on another node when its node is gone) with the same
 arguments: the same env ids for a fleet, the same logdir for replay, logger
 and agent, which resume from their checkpoints there. A component that
 returns non-zero (the agent after a broken link, as in `run_agent`) ends
-the worker process, so Ray restarts it the same way.
+the worker process (after RESTART_DELAY when it failed within STABLE
+seconds of its start, so a component that cannot start does not spin), so
+Ray restarts it the same way.
 
 Addresses. A Host that serves (`serves` names its config key, e.g.
 'run.replay_addr') binds a free port on its node's address and reports it
@@ -29,6 +31,7 @@ reconnect. A server that moved to another node is found there.
 import importlib
 import os
 import threading
+import time
 import traceback
 import warnings
 
@@ -38,6 +41,8 @@ from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.runtime.process import StopSignal
 
 LOOKUP_TIMEOUT = 5.0
+RESTART_DELAY = 5.0  # before a restart of a component that failed early
+STABLE = 60.0  # seconds a component ran for its failure to restart at once
 
 
 class Host:
@@ -69,18 +74,24 @@ class Host:
     # The component's servers start portal threads from this thread, not
     # the main one; they are closed by the component itself when it stops.
     warnings.filterwarnings('ignore', 'Using Portal from plain Python threads')
+    began = time.monotonic()
     try:
       fn = getattr(importlib.import_module(module), function)
       code = fn(config, *args, stop=self.stopping) or 0
     except BaseException:
       traceback.print_exc()
       code = 1
+    if code != 0 and not self.stopping.is_set():
+      # Exits before `join` can answer: the driver must see a restart, not
+      # a finished component. A component that keeps failing at once is
+      # restarted every few seconds, not in a tight loop.
+      delay = RESTART_DELAY if time.monotonic() - began < STABLE else 0
+      print(f'[ray] {self.name} exited with code {code}; Ray restarts it'
+            f' in {delay:.0f} s.', flush=True)
+      time.sleep(delay)
+      os._exit(1)
     self.code = code
     self.finished.set()
-    if code != 0 and not self.stopping.is_set():
-      print(f'[ray] {self.name} exited with code {code}; Ray restarts it.',
-            flush=True)
-      os._exit(1)
 
   def address(self):
     return self.addr
@@ -103,16 +114,25 @@ class Host:
 
 class Lookup:
   """A client address: calls to it return where the run's component `name`
-  serves now, or None while Ray cannot say (it is being restarted)."""
+  serves now, or None while Ray cannot say (it is being placed or
+  restarted; the first such failure is printed)."""
 
   def __init__(self, name):
     self.name = name
+    self.handle = None
+    self.failed = False
 
   def __call__(self):
     try:
-      handle = ray.get_actor(self.name)
-      return ray.get(handle.address.remote(), timeout=LOOKUP_TIMEOUT)
-    except Exception:  # Not created yet, restarting, or its node is gone.
+      if self.handle is None:
+        self.handle = ray.get_actor(self.name)
+      return ray.get(self.handle.address.remote(), timeout=LOOKUP_TIMEOUT)
+    except Exception as error:  # Not created yet, or restarting.
+      if not self.failed:
+        print(f'[ray] where {self.name} serves is unknown for now: '
+              f'{error!r}', flush=True)
+      self.failed = True
+      self.handle = None
       return None
 
   def __repr__(self):

@@ -97,6 +97,9 @@ def start_run(config, hosts):
   hosts['agent'] = ray_host.start(
       config, 'agent', AGENT, serves='run.actor_addr', num_cpus=r.agent_cpus,
       num_gpus=r.agent_gpus if has_gpus else 0)
+  # The agent is placed before the fleets spread over the nodes, so their
+  # CPUs cannot leave it no node with room (while Ray can place it).
+  ray.wait([hosts['agent'].address.remote()], timeout=PLACE_SECONDS)
   for name, ids, is_eval in fleets(config.run):
     hosts[name] = ray_host.start(
         config, name, ENVS, ids, is_eval, num_cpus=r.env_cpus,
