@@ -12,6 +12,7 @@ import portal
 import pytest
 from portal.client_socket import Disconnected
 
+from dreamer_ver.rpc import client as client_module
 from dreamer_ver.rpc.client import Client, Dropped
 from dreamer_ver.rpc.addresses import free_port
 
@@ -250,6 +251,37 @@ def test_a_failed_receiver_fails_calls_in_flight_and_later_calls(monkeypatch):
     assert isinstance(client.error, ValueError)
     with pytest.raises(Disconnected, match='receiver bug'):
       client.add(4, 5)
+  finally:
+    client.close(timeout=2)
+    server.close()
+
+
+def test_a_connection_lost_while_resending_is_retried(monkeypatch):
+  # The first connection breaks while the calls in flight are resent on
+  # it (a server dying as it accepts): the client connects again and the
+  # call is answered, instead of its receiver dying with the link.
+  port = free_port()
+  server = _server(port)
+  real_connect = client_module.wire.connect
+  connects = []
+  queued = threading.Event()
+
+  def connect(addr, handshake, stop, retry=0.1):
+    connects.append(addr)
+    if len(connects) == 1:
+      queued.wait(10)  # The call is in flight before this connection.
+      mine, other = socket.socketpair()
+      other.close()  # Sending on `mine` now fails (a broken pipe).
+      return mine
+    return real_connect(addr, handshake, stop, retry)
+
+  monkeypatch.setattr(client_module.wire, 'connect', connect)
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=4)
+  try:
+    future = client.add(2, 3)
+    queued.set()
+    assert future.result(timeout=10)['sum'] == 5
+    assert client.error is None and len(connects) >= 2
   finally:
     client.close(timeout=2)
     server.close()

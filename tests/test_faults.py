@@ -89,8 +89,9 @@ def test_killed_env_and_replay_are_restarted_and_the_run_goes_on(tmp_path):
   assert proc.returncode == 0, out[-3000:]
   assert 'env0 exited with code -9; restarting' in out
   assert 'replay exited with code -9; restarting' in out
-  # The agent rides out the replay's death on its own links; a restart of
-  # it (seen once in CI, cause unknown) would also void the count below.
+  # The agent rides out the replay's death on its own links (a client whose
+  # resend failed once died instead: test_client's resending test); a
+  # restart of it would also void the count below.
   assert 'agent exited with code' not in out, _agent_lines(out)
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] > served

@@ -138,8 +138,12 @@ class Client:
 
   def _receive(self):
     while not self._stop.is_set():
-      if self._sock is None and not self._connect():
-        return
+      if self._sock is None:
+        if not self._connect():
+          return
+        if self._sock is None:  # Lost again while resending: retry.
+          self._stop.wait(0.1)
+        continue
       try:
         frame = wire.recv(self._sock, self._stop, self.max_msg_size)
       except (OSError, EOFError):
