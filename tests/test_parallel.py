@@ -209,7 +209,12 @@ def test_the_multi_host_recipe_runs_as_written_on_loopback(tmp_path):
              (logdir / 'metrics.jsonl').read_text().splitlines()]
   refused = [m['actor/carry_refused'] for m in metrics
              if 'actor/carry_refused' in m]
-  assert refused and max(refused) == 0, refused
+  assert all(count == 0 for count in refused), refused
+  # The agent's metric rows may all be dropped in so short a run (metrics
+  # never wait for a busy logger); a refused env gets CarryFull's error
+  # in its reply, which ends its fleet with that message in its log.
+  for log in tmp_path.glob('*.log'):
+    assert 'needs a carry slot' not in log.read_text(), log.name
   assert not _children_alive(logdir)
 
 
