@@ -139,7 +139,8 @@ RANGES = (
           'value.layers', 'rssm.free_nats', 'opt.agc', 'opt.warmup',
           'imag_loss.actent', 'opt.lr') + tuple(
           f'ray.{name}' for name in ('env_cpus', 'agent_cpus', 'agent_gpus',
-                                     'replay_cpus', 'logger_cpus')),
+                                     'replay_cpus', 'logger_cpus',
+                                     'eval_cpus', 'eval_gpus')),
      lambda v: v >= 0, 'must be >= 0'),
     (('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
       'run.report_every', 'run.episode_timeout', 'run.actor_max_wait',

@@ -5,6 +5,10 @@ import pytest
 
 # Tests run on the CPU only, whatever the machine has.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Ray nodes started by tests (and their workers) use 127.0.0.1, so our
+# sockets on them listen on loopback only. Ray reads this when it is
+# imported, so it is set here, before any test module imports Ray.
+os.environ.setdefault('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', '0')
 
 
 def rendered_dmc(config):

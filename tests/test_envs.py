@@ -60,13 +60,15 @@ class Recorder(base.Env):
 
 
 class FakeEnv(base.Env):
-  """Returns fixed observations, to feed the wrappers odd inputs."""
+  """Returns fixed observations, to feed the wrappers odd inputs, and
+  remembers its actions and its ``render_frames`` calls."""
 
   def __init__(self, obs_space, act_space, obs):
     self._obs_space = {**obs_space, **base.basic_obs_space()}
     self._act_space = {'reset': elements.Space(bool), **act_space}
     self._obs = obs
     self.actions = []
+    self.frames_on = []
 
   obs_space = property(lambda self: self._obs_space)
   act_space = property(lambda self: self._act_space)
@@ -74,6 +76,9 @@ class FakeEnv(base.Env):
   def step(self, action):
     self.actions.append(dict(action))
     return {**self._obs, **base.basic_obs(is_first=action['reset'])}
+
+  def render_frames(self, on):
+    self.frames_on.append(on)
 
 
 # Dummy.
@@ -405,6 +410,32 @@ def test_check_spaces_rejects_bad_actions_and_keys():
   env.step({**zero_action(env), 'reset': False, 'act_disc': 4})
 
 
+def test_wrappers_forward_render_frames_and_allow_absent_log_keys():
+  frame = elements.Space(np.uint8, (2, 2, 3))
+  vector = np.zeros(2, np.float32)
+  fake = FakeEnv(
+      {'vector': elements.Space(np.float32, (2,)), 'log/frame': frame},
+      {'action': elements.Space(np.float32, (1,), -1, 1)},
+      {'vector': vector})
+  env = envs.wrap_env(fake)  # Four wrappers deep.
+  env.render_frames(True)
+  env.render_frames(False)
+  assert fake.frames_on == [True, False]
+  action = {'reset': True, 'action': np.float32([0])}
+  assert 'log/frame' not in env.step(action)  # Absent while frames are off.
+  fake._obs = {'vector': vector, 'log/frame': np.zeros((2, 2, 3), np.uint8)}
+  assert env.step(action)['log/frame'].shape == (2, 2, 3)
+  fake._obs = {'vector': vector, 'log/frame': np.zeros((2, 3), np.uint8)}
+  with pytest.raises(ValueError, match=r"'log/frame'.*shape"):
+    env.step(action)  # A present log/ key is still checked.
+  fake._obs = {}
+  with pytest.raises(ValueError, match=r"missing \['vector'\]"):
+    env.step(action)
+  fake._obs = {'vector': vector, 'log/other': np.float32(1)}
+  with pytest.raises(ValueError, match=r"unexpected \['log/other'\]"):
+    env.step(action)
+
+
 def test_space_violation_int_bounds():
   assert wrappers.space_violation(np.int32(4), elements.Space(
       np.int32, (), 0, 5)) is None
@@ -481,10 +512,49 @@ def test_dmc_image_rendering():
   assert 'position' in obs  # proprio stays on by default.
 
 
+def proprio_dmc(size=16):
+  """A dmc cartpole env from state, with `log/image` in its space, as the
+  proprio preset has it; skips the test where MuJoCo cannot render."""
+  rendered_dmc({'dmc': {'size': [size, size]}})  # Renders on its reset.
+  return envs.make_env(
+      'dmc_cartpole_balance', {'dmc': {'image': False, 'size': [size, size]}})
+
+
+def test_dmc_renders_log_image_only_while_frames_are_on(monkeypatch):
+  env = proprio_dmc()
+  assert_space(env.obs_space['log/image'], np.uint8, (16, 16, 3))
+  physics = env._env.physics  # dm_control's, through the wrappers.
+  render = physics.render
+  renders = []
+
+  def counted_render(*args, **kwargs):
+    renders.append(args)
+    return render(*args, **kwargs)
+
+  monkeypatch.setattr(physics, 'render', counted_render)
+
+  def steps(count):
+    return [env.step({'reset': False, 'action': np.float32([0.3])})
+            for _ in range(count)]
+
+  assert all('log/image' not in obs for obs in steps(5))  # Off at first.
+  assert len(renders) == 0
+  env.render_frames(True)  # Through all the wrappers to the dmc env.
+  for obs in steps(4):
+    assert obs['log/image'].shape == (16, 16, 3)
+    assert obs['log/image'].dtype == np.uint8 and obs['log/image'].std() > 0
+  assert len(renders) == 4
+  env.render_frames(False)
+  assert all('log/image' not in obs for obs in steps(3))
+  assert len(renders) == 4
+
+
 def test_dmc_log_image_goes_over_the_wire():
-  # The proprio preset still renders `log/image`; MuJoCo's frames are
-  # flipped views, which the env worker must send as contiguous arrays.
-  env, obs = rendered_dmc({'dmc': {'image': False, 'size': [16, 16]}})
+  # MuJoCo's frames are flipped views, which the env worker must send as
+  # contiguous arrays.
+  env = proprio_dmc()
+  env.render_frames(True)
+  obs = env.step(zero_action(env, reset=True))
   assert 'image' not in obs and obs['log/image'].shape == (16, 16, 3)
   data = env_worker.request([obs], [7], False, single=True)
   back = packlib.unpack(b''.join(packlib.pack(data)))

@@ -79,7 +79,8 @@ def cue_params(agent, best=True):
 
 class Flaky(Wrapper):
   """synthetic_bandit that renders `log/image` (every pixel is the step
-  count) and whose first instance in a process raises on its third step."""
+  count) while its frames are on, counting its renders, and whose first
+  instance in a process raises on its third step."""
 
   failed = False  # per process: only the first evaluation fails
 
@@ -87,18 +88,25 @@ class Flaky(Wrapper):
     super().__init__(env)
     self.fail = fail
     self.steps = 0
+    self.frames_on = False
+    self.renders = 0
 
   @property
   def obs_space(self):
     return {**self.env.obs_space,
             'log/image': elements.Space(np.uint8, (4, 4, 3))}
 
+  def render_frames(self, on):
+    self.frames_on = on
+
   def step(self, action):
     self.steps += 1
     if self.fail and self.steps == 3:
       raise RuntimeError('the env broke')
     obs = self.env.step(action)
-    obs['log/image'] = np.full((4, 4, 3), obs['count'], np.uint8)
+    if self.frames_on:
+      obs['log/image'] = np.full((4, 4, 3), obs['count'], np.uint8)
+      self.renders += 1
     return obs
 
 
@@ -150,6 +158,23 @@ def test_cue_params_score_the_maximum_and_the_minimum_in_process(
   finally:
     for env in envs:
       env.close()
+
+
+def test_only_the_first_episode_of_env_0_renders_its_frames():
+  config = {'synthetic': {'length': LENGTH}}
+  envs = [Flaky(make_env('synthetic_bandit', config, seed=i), fail=False)
+          for i in range(3)]
+  # Random actions: the agent and its params are unused.
+  results, frames = evaluation.run_episodes(
+      None, None, envs, [3, 2, 2], 'random', record=True)
+  assert sorted((r['env'], r['episode']) for r in results) == [
+      (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1)]
+  # Env 0's first episode: the reset frame and LENGTH steps, counts 0 ..
+  # LENGTH, each rendered once; then no env renders again.
+  assert frames.shape == (LENGTH + 1, 4, 4, 3)
+  assert (frames[:, 0, 0, 0] == np.arange(LENGTH + 1)).all()
+  assert [env.renders for env in envs] == [LENGTH + 1, 0, 0]
+  assert envs[0].steps == 3 * (LENGTH + 1) and not envs[0].frames_on
 
 
 def test_best_and_worst_params_score_the_known_extremes(worker, agent):

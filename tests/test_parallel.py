@@ -115,23 +115,29 @@ def test_launch_script_runs_components_as_separate_processes(tmp_path):
 
 
 def test_parallel_runs_the_dmc_proprio_preset(tmp_path):
-  """dm_control from state, as the `dmc_proprio` preset runs it: the env
-  also renders `log/image`, which crosses the wire but never reaches the
-  replay or the learner, and becomes the logger's episode video."""
-  rendered_dmc({'dmc': {'image': False}})  # Skips without rendering.
+  """dm_control from state, as the `dmc_proprio` preset runs it: the train
+  envs never render `log/image`; the eval worker renders it for its first
+  episode only, which becomes the video `eval/video`."""
+  rendered_dmc({})  # Skips where MuJoCo cannot render.
   from PIL import Image
   logdir = tmp_path / 'dmc'
   code, out = _main(
       '--script', 'parallel', '--logdir', str(logdir),
       '--configs', 'dmc_proprio', 'debug', '--task', 'dmc_cartpole_balance',
-      '--env.dmc.repeat', '10',  # 100-step episodes: two finish
-      '--run.envs', '1', '--run.eval_envs', '0', '--run.steps', '200',
-      '--logger.video_every', '1')
+      '--env.dmc.repeat', '10',  # 100-step episodes
+      '--run.envs', '1', '--run.eval_envs', '1', '--run.eval_every', '2',
+      # Seconds of serving after the learner compiled; the eval worker's
+      # first result takes about 20 of them on 2 busy CPU cores.
+      '--run.duration', '45',
+      '--logger.video_every', '1')  # A train episode's frames would show.
   assert code == 0, out[-3000:]
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 200 and counters['version'] >= 1, counters
-  videos = sorted((logdir / 'videos').glob('episode_log_image_*.gif'))
-  assert videos, sorted(p.name for p in logdir.rglob('*'))
+  files = sorted(p.name for p in logdir.rglob('*'))
+  # Neither train nor actor-served eval episodes carry frames.
+  assert not list(logdir.glob('videos/*episode_log_image_*.gif')), files
+  videos = sorted((logdir / 'videos').glob('eval_video_*.gif'))
+  assert videos, (files, out[-3000:])
   with Image.open(videos[0]) as gif:
     # The reset frame and the 100 steps; Pillow may merge equal frames.
     assert gif.size == (64, 64) and 50 <= gif.n_frames <= 101, (

@@ -1,7 +1,7 @@
 """The run on a Ray cluster (`--script ray`), on a local multi-node cluster
 from Ray's own `cluster_utils`: placement over nodes, node loss (env fleets,
 then the replay), SIGTERM, and resume. Loopback only: Ray is told to use
-127.0.0.1 for every node."""
+127.0.0.1 for every node (tests/conftest.py)."""
 
 import os
 import signal
@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'bench'))
 from watch import logger_step, read_json, wait  # noqa: E402  (bench/watch.py)
 
-LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}  # node IP 127.0.0.1
 # The agent fills a node of its own (2 CPUs), so removing another node
 # never takes it along; the other components fit on any two nodes.
 NODE_CPUS = 2
@@ -35,11 +34,11 @@ FLEETS = ('env0-1', 'env2-3', 'env4')  # debug: 4 train envs, 1 eval env
 
 
 @pytest.fixture
-def cluster(monkeypatch):
-  """A head that hosts nothing (the drivers connect there) and three nodes."""
-  for key, value in LOOPBACK.items():
-    monkeypatch.setenv(key, value)
+def cluster():
+  """A head that hosts nothing (the drivers connect there) and three nodes,
+  all on 127.0.0.1 (conftest.py)."""
   cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 0})
+  assert cluster.address.startswith('127.0.0.1:'), cluster.address
   for _ in range(3):
     cluster.add_node(num_cpus=NODE_CPUS)
   cluster.wait_for_nodes()
@@ -50,7 +49,7 @@ def cluster(monkeypatch):
 
 
 def _driver(cluster, logdir, steps, output):
-  env = {**os.environ, **LOOPBACK, 'JAX_PLATFORMS': 'cpu',
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
          'PYTHONUNBUFFERED': '1'}
   return subprocess.Popen(
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'ray',

@@ -9,6 +9,11 @@ call that follows an ``is_last`` observation.
 Every observation dict holds the four bookkeeping entries returned by
 ``basic_obs_space()``. A reset step returns ``is_first=True`` and reward 0.
 Keys starting with ``log/`` are for logging only and are not fed to the agent.
+
+Frames rendered only for videos (e.g. dmc's ``log/image``) cost far more
+than a physics step, so an env renders them only between
+``render_frames(True)`` and ``render_frames(False)`` (off at first): a
+``log/`` key listed in ``obs_space`` may be absent from an observation.
 """
 
 import elements
@@ -51,6 +56,11 @@ class Env:
   def step(self, action: dict) -> dict:
     """Apply ``action`` (or reset when ``action['reset']``); return obs."""
     raise NotImplementedError
+
+  def render_frames(self, on: bool):
+    """Turns rendering of the ``log/`` frames on or off from the next step.
+
+    Off until called; a no-op here, for envs that render no such frames."""
 
   def close(self):
     pass

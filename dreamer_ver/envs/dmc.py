@@ -3,12 +3,15 @@
 Proprioceptive observations keep dm_control's keys, each flattened to a 1-D
 float32 vector (the key ``reward``, used by a few tasks, is renamed
 ``obs_reward`` to avoid clashing with ours). The camera image is ``image``
-when ``image`` is set; otherwise it is still rendered as ``log/image`` for
-videos, unless ``log_image`` is False, which skips rendering altogether
-(useful where no OpenGL backend is available). The single action key is
-``action`` with the task's bounds. ``repeat`` repeats each action, summing
-rewards. Suite episodes only end by time limit, so ``is_terminal`` is set
-only when dm_control reports discount 0.
+when ``image`` is set, rendered every step. Otherwise, with ``log_image``,
+the space holds ``log/image`` for videos; as a frame costs over a hundred
+physics steps, it is rendered only after ``render_frames(True)`` (an
+evaluation recording its video) and absent from the observations otherwise.
+``log_image`` False drops the key (useful where no OpenGL backend is
+available). The single action key is ``action`` with the task's bounds.
+``repeat`` repeats each action, summing rewards. Suite episodes only end
+by time limit, so ``is_terminal`` is set only when dm_control reports
+discount 0.
 
 dm_control is imported lazily. Rendering uses ``MUJOCO_GL`` from the
 environment, defaulting to ``egl``, which also works on CPU-only machines
@@ -41,6 +44,7 @@ class DMC(base.Env):
     self._camera = self.DEFAULT_CAMERAS.get(domain, 0) if camera == -1 else (
         camera)
     self._image_key = 'image' if image else ('log/image' if log_image else None)
+    self._rendering = bool(image)  # The agent's image is always rendered.
     self._done = True
     # dm_control key -> our key, for the non-empty proprio entries.
     self._keys = {}
@@ -83,6 +87,10 @@ class DMC(base.Env):
     return self._obs(
         step, reward, is_last=step.last(), is_terminal=step.discount == 0)
 
+  def render_frames(self, on):
+    if self._image_key == 'log/image':
+      self._rendering = bool(on)
+
   def close(self):
     self._env.close()
 
@@ -91,7 +99,7 @@ class DMC(base.Env):
     obs = {
         ours: np.asarray(step.observation[key], np.float32).reshape(-1)
         for key, ours in self._keys.items()}
-    if self._image_key:
+    if self._rendering:
       obs[self._image_key] = self._env.physics.render(
           *self._size, camera_id=self._camera)
     return {**obs, **base.basic_obs(reward, is_first, is_last, is_terminal)}

@@ -23,9 +23,14 @@ from dreamer_ver.runtime.eval_worker import (
     MODES, remove_record, resolve, record_path)
 
 
-def serve(config, name, env_maker=None, init_fn=None):
-  """The worker process (started by EvalWorker through `Children`)."""
-  parent = os.getppid()
+def serve(config, name, env_maker=None, init_fn=None, stop=None):
+  """The worker: a child process of its EvalWorker's owner (`stop` None;
+  it also ends when that process dies), or a thread of a Ray Host (`stop`
+  is the Host's; Ray restarts it if its worker process dies). It serves at
+  `run.eval_addr`, else at a free port."""
+  parent = None
+  if stop is None:
+    parent, stop = os.getppid(), process.StopSignal()
   if init_fn is not None:
     resolve(init_fn)()
   from dreamer_ver.runtime import devices
@@ -35,11 +40,15 @@ def serve(config, name, env_maker=None, init_fn=None):
     make = lambda i: make_run_env(config, config.run.envs + i)
   else:
     make = resolve(env_maker)
-  stop = process.StopSignal()
   evaluations = _Evaluations(config, make, device, stop)
-  port = addresses.free_port()
-  server = Server(f'localhost:{port}', f'EvalWorker{name}',
-                  **process.server_kwargs(config))
+  addr = config.run.eval_addr
+  if not addr:
+    port = addresses.free_port()
+    addr = f'{_advertised(config)}:{port}'
+    bind = f'localhost:{port}'  # run.bind_host, when set, is used instead
+  else:
+    bind = addr
+  server = Server(bind, f'EvalWorker{name}', **process.server_kwargs(config))
   server.bind('submit', evaluations.submit)
   server.bind('poll', evaluations.poll, workers=2)  # Owner and from_name.
   server.bind('status', evaluations.status)
@@ -49,17 +58,16 @@ def serve(config, name, env_maker=None, init_fn=None):
       target=evaluations.run, name='Evaluation', daemon=True)
   thread.start()
   path = record_path(config.logdir, name)
-  write_json(path, {'name': name, 'addr': f'{_advertised(config)}:{port}',
-                    'pid': os.getpid()})
+  write_json(path, {'name': name, 'addr': addr, 'pid': os.getpid()})
   try:
     # An owner killed outright cannot shut the worker down: it goes too.
-    while not stop.wait(0.5) and os.getppid() == parent:
+    while not stop.wait(0.5) and parent in (None, os.getppid()):
       pass
   finally:
     remove_record(path, os.getpid())
     server.close()
     thread.join(10)
-    evaluations.close_envs()
+    evaluations.close_envs()  # If the thread did not.
   return 0
 
 
@@ -125,6 +133,12 @@ class _Evaluations:
     return {}
 
   def run(self):
+    try:
+      self._run_jobs()
+    finally:
+      self.close_envs()  # On the thread that used them (MuJoCo's GL context).
+
+  def _run_jobs(self):
     while True:
       with self.cond:
         # A timeout, as SIGTERM sets `stop` without notifying.

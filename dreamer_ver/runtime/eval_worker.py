@@ -6,8 +6,15 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   result = worker.poll(timeout=0)               # None, or one result
   worker.shutdown()                             # ends the process
 
-* Process: a spawned child (`supervisor.Children`, not restarted; its code
-  is `runtime/eval_process.py`) that
+* Hosts: `host='process'` (the default) spawns a child process
+  (`supervisor.Children`, not restarted) that exits when the process that
+  started it dies; `host='ray'` runs it in a Ray actor (`ray_host.Host`,
+  named `eval_worker_<name>` in the caller's Ray namespace; `num_cpus`,
+  `num_gpus` are its Ray resources; the caller must have called
+  `ray.init`), which Ray restarts if it dies, and the handle's connection
+  follows it to wherever it serves then (an evaluation running or waiting
+  at that moment is lost: submit again). Both run the same code,
+  `runtime/eval_process.py`: it
   builds `run.eval_envs` envs (ids `run.envs + i`, seeded as in every script
   by `envs.make_run_env`), or `env_maker(i)` for i < `run.eval_envs`, an
   Agent from `config`, and an RPC server that only accepts the run's token.
@@ -15,7 +22,7 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   jitted policy on its own copy of the params and its own carry; it never
   touches the actor. The handle lives in the caller and imports neither JAX
   nor the agent. The worker never preallocates GPU memory (it shares the
-  device with the run), and exits when the process that started it dies.
+  device with the run).
 * `submit(params, version, episodes, mode)` returns once the worker has
   checked and queued the job, without waiting for its episodes. `params`:
   the policy params (`agent.policy_params(params)`; all params are accepted
@@ -44,10 +51,14 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   the spawned worker can only import them.
 * `EvalWorker.from_name(name, logdir)` connects from any process: the worker
   writes `<logdir>/eval_workers/<name>.json` (name, addr, pid) once it
-  serves and removes it when it exits; the token is `token`, else
-  DREAMER_VER_TOKEN, else `<logdir>/token` (never in that file). Such a
-  handle does not own the worker: `close()` disconnects, `shutdown()` still
-  asks the worker to stop.
+  serves and removes it when it exits; the handle reads it again before
+  every reconnect, so it follows a worker that was restarted under the same
+  name. The token is `token`, else DREAMER_VER_TOKEN, else `<logdir>/token`
+  (never in that file). Such a handle does not own the worker: `close()`
+  disconnects, `shutdown()` still asks the worker to stop.
+* `PeriodicEvaluation` (below) is the runs' use of it: the agent process
+  submits its newest params every `run.eval_every` seconds and starts a new
+  worker when its worker died.
 """
 
 import importlib
@@ -69,6 +80,8 @@ from dreamer_ver.runtime import process
 from dreamer_ver.runtime.supervisor import Children
 
 MODES = ('greedy', 'sample')
+HOSTS = ('process', 'ray')
+SERVE = 'dreamer_ver.runtime.eval_process:serve'
 START_SECONDS = 300  # the worker imports JAX and builds its envs first
 CALL_SECONDS = 60  # slack for an RPC reply on top of what it waits for
 
@@ -82,8 +95,11 @@ class EvalWorker:
   """The caller's handle of an evaluation worker process (module docstring)."""
 
   def __init__(self, config, name='eval', env_maker=None, init_fn=None,
+               host='process', num_cpus=1.0, num_gpus=0.0,
                start_timeout=START_SECONDS):
     _check_name(name)
+    if host not in HOSTS:
+      raise ValueError(f'host must be one of {HOSTS}, got {host!r}')
     if int(config.run.eval_envs) < 1:
       raise ValueError(
           f'an EvalWorker needs run.eval_envs >= 1, got {config.run.eval_envs}')
@@ -92,18 +108,35 @@ class EvalWorker:
     config = process.with_token(config).update({'jax.prealloc': False})
     self.name = name
     self.record = record_path(config.logdir, name)
-    _clear_stale_record(self.record)
-    self._children = Children()
-    self._process = self._children.start(
-        f'eval_worker_{name}', 'dreamer_ver.runtime.eval_process:serve',
-        config, name, env_maker, init_fn, restart=False)
-    try:
-      info = _wait_for_record(self.record, self._process, start_timeout)
-    except BaseException:
-      self._children.stop_all()
-      raise
+    self._children = self._process = self._actor = None
+    if host == 'process':
+      _clear_stale_record(self.record)
+      self._children = Children()
+      self._process = self._children.start(
+          f'eval_worker_{name}', SERVE, config, name, env_maker, init_fn,
+          restart=False)
+      try:
+        addr = _wait_for_record(self.record, self._process, start_timeout)[
+            'addr']
+      except BaseException:
+        self._children.stop_all()
+        raise
+    else:
+      from dreamer_ver.runtime import ray_host
+      actor = f'eval_worker_{name}'
+      self._actor = ray_host.start(
+          config, actor, SERVE, name,
+          env_maker, init_fn, serves='run.eval_addr', num_cpus=num_cpus,
+          num_gpus=num_gpus)
+      addr = ray_host.Lookup(actor)
     self._client = Client(
-        info['addr'], f'EvalWorker{name}', **process.client_kwargs(config))
+        addr, f'EvalWorker{name}', **process.client_kwargs(config))
+    if host == 'ray':
+      try:
+        self._call('status', wait=start_timeout)  # Placed, started, serving.
+      except BaseException:
+        self.shutdown(timeout=5)
+        raise
 
   @classmethod
   def from_name(cls, name, logdir, token=None, timeout=10.0):
@@ -113,24 +146,22 @@ class EvalWorker:
     if not path.is_file():
       raise FileNotFoundError(
           f'no eval worker named {name!r} runs for {logdir} (no {path})')
-    info = json.loads(path.read_text())
     token = token or os.environ.get(process.TOKEN_ENV, '')
     if not token and (Path(logdir) / 'token').is_file():
       token = (Path(logdir) / 'token').read_text().strip()
     worker = cls.__new__(cls)
     worker.name = name
     worker.record = path
-    worker._children = worker._process = None  # Not its owner.
+    worker._children = worker._process = worker._actor = None  # Not owned.
     worker._client = Client(
-        info['addr'], f'EvalWorker{name}',
+        _recorded_addr(path), f'EvalWorker{name}',
         handshake=addresses.handshake(token))
     try:
       worker._call('status', wait=timeout)
     except Exception as e:
       worker.close()
       raise ConnectionError(
-          f'eval worker {name!r} (pid {info["pid"]}, {info["addr"]}) does not '
-          f'answer: {e!r}') from None
+          f'eval worker {name!r} ({path}) does not answer: {e!r}') from None
     return worker
 
   def submit(self, params, version, episodes=1, mode='greedy'):
@@ -160,12 +191,23 @@ class EvalWorker:
     or None, 'results': results not polled yet}."""
     return self._call('status')
 
+  def alive(self):
+    """False once the worker's process has exited (Ray restarts a worker
+    hosted there instead; a `from_name` handle cannot tell)."""
+    return self._process is None or self._process.is_alive()
+
   def shutdown(self, timeout=30.0):
-    """Ends the worker process (an evaluation in progress is dropped)."""
-    try:
-      self._call('shutdown', wait=min(timeout, CALL_SECONDS))
-    except Exception:
-      pass  # It may be gone already; the owner below makes sure.
+    """Ends the worker (an evaluation in progress is dropped)."""
+    if self._actor is not None:
+      from dreamer_ver.runtime import ray_host
+      self.close()
+      ray_host.remove(self._actor, timeout)  # Its Host stops the server.
+      return
+    if self.alive():
+      try:
+        self._call('shutdown', wait=min(timeout, CALL_SECONDS))
+      except Exception:
+        pass  # It may be gone already; the owner below makes sure.
     self.close()
     if self._process is not None:
       self._process.join(timeout)
@@ -191,8 +233,14 @@ class PeriodicEvaluation:
   Each result is logged as eval/score, eval/length (episode means),
   eval/version, eval/policy_lag (learner updates since the evaluated
   params) and, when the env renders, eval/video (its first episode). A
-  version is submitted once; a worker that fails to start or dies ends the
-  evaluation with a message, never the run."""
+  version is submitted once. The worker runs on Ray under `--script ray`
+  (`ray.eval_cpus`, `ray.eval_gpus`), else in a child process. A worker
+  that fails to start, dies or stops answering is shut down and a new one
+  starts after a delay (RETRY_SECONDS, doubling while it keeps failing, up
+  to RETRY_MAX); the run goes on meanwhile."""
+
+  RETRY_SECONDS = 5.0
+  RETRY_MAX = 300.0
 
   def __init__(self, config, latest, version, send, name='agent'):
     if int(config.run.eval_envs) < 1:
@@ -204,6 +252,8 @@ class PeriodicEvaluation:
     self.version = version
     self.send = send
     self.name = name
+    self.worker = None
+    self.started = 0  # workers started so far
     self.stop = threading.Event()
     self.thread = threading.Thread(
         target=self._run, name='Evaluation', daemon=True)
@@ -218,31 +268,55 @@ class PeriodicEvaluation:
     self.thread.join(timeout)
 
   def _run(self):
-    try:
-      worker = EvalWorker(self.config, name=self.name)
-    except Exception as e:
-      print(f'Evaluation is off: the eval worker did not start: {e}',
-            file=sys.stderr, flush=True)
-      return
+    delay = self.RETRY_SECONDS
+    while not self.stop.is_set():
+      try:
+        self.worker = self._start_worker()
+        self._evaluate(self.worker)
+      except Exception as e:
+        print(f'Evaluation: the eval worker failed ({e!r}); a new one starts '
+              f'in {delay:.0f} s.', file=sys.stderr, flush=True)
+        self._shutdown()
+        self.stop.wait(delay)
+        delay = min(2 * delay, self.RETRY_MAX)
+      else:
+        delay = self.RETRY_SECONDS
+    self._shutdown()
+
+  def _start_worker(self):
+    self.started += 1
+    if self.config.script == 'ray':
+      ray = self.config.ray
+      return EvalWorker(self.config, self.name, host='ray',
+                        num_cpus=ray.eval_cpus, num_gpus=ray.eval_gpus)
+    return EvalWorker(self.config, self.name)
+
+  def _evaluate(self, worker):
+    """Submits and polls until stopped; raises if the worker is lost."""
     submitted = None
     due = time.monotonic() + self.every
-    try:
-      while not self.stop.is_set():
-        if time.monotonic() >= due:
-          due += self.every
-          params, version = self.latest()
-          if version != submitted:
-            worker.submit(params, version, self.config.run.eval_envs,
-                          self.config.run.eval_mode)
-            submitted = version
-        result = worker.poll(timeout=min(1.0, self.every))
-        if result is not None:
-          self._log(result)
-    except Exception as e:
-      print(f'Evaluation is off: the eval worker failed: {e!r}',
-            file=sys.stderr, flush=True)
-    finally:
-      worker.shutdown()
+    while not self.stop.is_set():
+      if not worker.alive():
+        raise RuntimeError('its process exited')
+      if time.monotonic() >= due:
+        due += self.every
+        params, version = self.latest()
+        if version != submitted:
+          worker.submit(params, version, self.config.run.eval_envs,
+                        self.config.run.eval_mode)
+          submitted = version
+      result = worker.poll(timeout=min(1.0, self.every))
+      if result is not None:
+        self._log(result)
+
+  def _shutdown(self):
+    worker, self.worker = self.worker, None
+    if worker is not None:
+      try:
+        worker.shutdown()
+      except Exception as e:
+        print(f'Evaluation: shutting the eval worker down: {e!r}',
+              file=sys.stderr, flush=True)
 
   def _log(self, result):
     if 'error' in result:
@@ -299,6 +373,17 @@ def resolve(spec, what='callable'):
   if not callable(value):
     raise TypeError(f'{what} {spec!r} is not callable')
   return value
+
+
+def _recorded_addr(path):
+  """A client address that reads where the worker of record `path` serves
+  (None while there is no record), asked again at every reconnect."""
+  def addr():
+    try:
+      return json.loads(path.read_text())['addr']
+    except (FileNotFoundError, ValueError, KeyError):
+      return None
+  return addr
 
 
 def _numpy_tree(tree):

@@ -14,7 +14,9 @@ the loop keeps its own carry, so it never touches the actor's carry table.
   env, episode (its number on that env), score, length (steps after the
   first observation, as in `scores.jsonl`), time.
 * `frames`: with `record=True`, the frames of env 0's first episode as uint8
-  [T, H, W, C] when the env renders (`frame_key`), else None.
+  [T, H, W, C] when the env renders (`frame_key`), else None. Only env 0
+  renders its `log/` frames (`Env.render_frames`), from its first step until
+  its first episode ends; no other env and no later episode pays for them.
 * `duration` (seconds, 0 = none) or `stop` (an Event, checked every step)
   end the loop early; unfinished episodes are not reported.
 """
@@ -69,6 +71,8 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
   last = [None] * n
   results = []
   start = time.time()
+  if image_key:
+    envs[0].render_frames(True)
   while any(active):
     if duration and time.time() - start > duration:
       break
@@ -79,6 +83,8 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
         last[i] = env.step({k: v[i] for k, v in acts.items()})
     if image_key and done[0] == 0:
       frames.append(np.asarray(last[0][image_key], np.uint8))
+      if last[0]['is_last']:
+        envs[0].render_frames(False)
     obs = {k: np.stack([o[k] for o in last]) for k in last[0]
            if not k.startswith('log/')}
     if mode == 'random':
@@ -106,6 +112,8 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
           on_episode(record)
         done[i] += 1
         active[i] = done[i] < shares[i]
+  if image_key:  # Cut short (duration, stop): env 0 may still be rendering.
+    envs[0].render_frames(False)
   return results, (np.stack(frames) if frames else None)
 
 

@@ -33,19 +33,22 @@
   ``scores.jsonl`` and ``metrics.jsonl`` are written whatever the outputs.
 * ``close()`` closes the outputs.
 
-Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``tran``, the
-``log/`` frames rendered for videos (dmc's ``log/image``) as well as image
-observations, is a video of the episode (upstream recorded image keys the
-same way). One episode at a time is recorded: once ``logger.video_every``
-seconds have passed since the last video ended, the next episode that
-starts in an eval env keeps its first ``logger.video_length`` frames (eval
-episodes show the policy as it is evaluated); until an eval row has
-arrived, as in a run without eval envs, a train env's episode qualifies
-too. When the recorded episode ends, its frames become the video
-``eval_episode/<key>`` (``episode/<key>`` for a train episode). A recorded
-episode that is dropped (see above) leaves no video, and the next episode
-that qualifies is recorded instead. Frames are copied out of the batch, so
-the logger holds at most one episode's frames plus the videos of one write.
+Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``tran`` is a
+video of the episode (upstream recorded image keys the same way). In
+practice these are image observations: the envs the actor serves never
+render ``log/`` frames (``Env.render_frames``, which nobody turns on for
+them), so videos of rendered frames (dmc's ``log/image``) come from the
+eval worker instead (``run.eval_every``, logged as ``eval/video``). One
+episode at a time is recorded: once ``logger.video_every`` seconds have
+passed since the last video ended, the next episode that starts in an eval
+env keeps its first ``logger.video_length`` frames (eval episodes show the
+policy as it is evaluated); until an eval row has arrived, as in a run
+without eval envs, a train env's episode qualifies too. When the recorded
+episode ends, its frames become the video ``eval_episode/<key>``
+(``episode/<key>`` for a train episode). A recorded episode that is dropped
+(see above) leaves no video, and the next episode that qualifies is
+recorded instead. Frames are copied out of the batch, so the logger holds
+at most one episode's frames plus the videos of one write.
 
 ``serve_logger(config)`` is the process: both methods share one server worker
 (`rpc_server.py`), so they run one at a time, and the main loop writes and

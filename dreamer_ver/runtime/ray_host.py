@@ -6,6 +6,7 @@ their per-step traffic stays on our portal-protocol sockets.
              worker process
   Lookup     a client address: where the run's component <name> serves now
   start(config, name, target, *args, serves=None, **options) -> actor handle
+  remove(actor, timeout)   stops a Host and removes it (no restart)
 
 Why a thread in the Ray worker and not a child process: when a node dies,
 Ray's workers on it die with it, and so must the env processes they host,
@@ -146,3 +147,13 @@ def start(config, name, target, *args, serves=None, **options):
       name=name, max_restarts=-1, max_task_retries=-1, max_concurrency=4,
       **options)
   return actor.remote(name, target, config, args, serves=serves)
+
+
+def remove(actor, timeout):
+  """Asks the Host `actor` to stop (up to `timeout` seconds), then removes
+  it for good (no restart)."""
+  try:
+    ray.get(actor.stop.remote(timeout), timeout=timeout + 5)
+  except Exception as error:  # Gone already, or it did not stop in time.
+    print(f'[ray] stopping a component: {error!r}; removing it.', flush=True)
+  ray.kill(actor, no_restart=True)

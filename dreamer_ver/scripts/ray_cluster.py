@@ -4,12 +4,14 @@
         --ray.address auto
 
 Ray is the control plane: it places the logger, the replay, the agent
-(actor + learner, on a GPU when the cluster has one) and one env fleet per
-`run.envs_per_worker` envs, restarts whatever dies (on another node when a
-node is gone), and tells the components where the others serve. The data
+(actor + learner, on a GPU when the cluster has one), one env fleet per
+`run.envs_per_worker` envs and, with `run.eval_every`, the agent's eval
+worker (`runtime/eval_worker.py`; the agent creates it, so it goes when
+the agent goes), restarts whatever dies (on another node when a node is
+gone), and tells the components where the others serve. The data
 plane stays on our sockets: envs ask the actor for actions, transitions and
 samples travel between agent and replay exactly as in `--script parallel`
-(`bench/ray_overhead.py` measures why). This driver assigns every fleet's
+(`bench/ray_bench.py` measures why). This driver assigns every fleet's
 env ids, so fleets never collide, and passes the run token to everyone.
 
 Every component resumes from the logdir after a restart, so the logdir must
@@ -54,8 +56,9 @@ def ray_cluster(config):
       'run.logger_addr': RAY_PREFIX + 'logger'})
   if config.ray.address == 'local':
     # Every component on this machine, as under --script parallel: the
-    # CPUs they reserve may exceed the cores, which they share.
-    ray.init(namespace=namespace(config.logdir),
+    # CPUs they reserve may exceed the cores, which they share. A new Ray
+    # instance, even where another one runs.
+    ray.init(address='local', namespace=namespace(config.logdir),
              num_cpus=max(os.cpu_count() or 1, math.ceil(_cpus(config))))
   else:
     ray.init(address=config.ray.address, namespace=namespace(config.logdir))
@@ -109,7 +112,8 @@ def start_run(config, hosts):
 def _cpus(config):
   """The CPUs the run's components reserve, all together."""
   r = config.ray
-  return (r.logger_cpus + r.replay_cpus + r.agent_cpus
+  evaluation = r.eval_cpus if config.run.eval_every > 0 else 0
+  return (r.logger_cpus + r.replay_cpus + r.agent_cpus + evaluation
           + r.env_cpus * len(fleets(config.run)))
 
 
