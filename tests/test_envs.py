@@ -515,7 +515,8 @@ def test_dmc_image_rendering():
 def proprio_dmc(size=16):
   """A dmc cartpole env from state, with `log/image` in its space, as the
   proprio preset has it; skips the test where MuJoCo cannot render."""
-  rendered_dmc({'dmc': {'size': [size, size]}})  # Renders on its reset.
+  probe, _ = rendered_dmc({'dmc': {'size': [size, size]}})  # Renders.
+  probe.close()
   return envs.make_env(
       'dmc_cartpole_balance', {'dmc': {'image': False, 'size': [size, size]}})
 

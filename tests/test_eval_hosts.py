@@ -122,11 +122,18 @@ def test_a_ray_hosted_worker_scores_restarts_and_is_found_by_name(
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (_status(worker) or {'pid': pid})['pid'] != pid, 300,
              'the restarted worker')
-    assert json.loads(record_path(config.logdir, 'onray').read_text())[
-        'addr'].startswith('127.0.0.1:')
+    record = json.loads(record_path(config.logdir, 'onray').read_text())
+    assert record['pid'] == worker.status()['pid'], record  # The new one's.
+    assert record['addr'].startswith('127.0.0.1:'), record
     worker.submit(cue_params(agent, True), 3, episodes=1)
     result = worker.poll(timeout=120)
     assert (result['version'], result['scores']) == (3, [LENGTH])
+
+    # Only its owner ends it (an RPC shutdown would leave an idle actor).
+    other = EvalWorker.from_name('onray', config.logdir)
+    with pytest.raises(RuntimeError, match='runs on Ray'):
+      other.shutdown()
+    assert worker.status()['running'] is None  # Still serving.
   finally:
     worker.shutdown()
   with pytest.raises(ValueError):
@@ -145,7 +152,7 @@ def test_the_ray_script_evaluates_with_a_ray_hosted_worker(tmp_path):
        '--configs', 'debug', '--task', 'synthetic_bandit',
        '--env.synthetic.length', '20', '--env.synthetic.step_time', '0.005',
        '--run.envs', '2', '--run.eval_envs', '1', '--run.eval_every', '2',
-       '--run.log_every', '2', '--run.duration', '90',
+       '--run.log_every', '2', '--run.duration', '75',
        '--ray.env_cpus', '0.25', '--ray.replay_cpus', '0.25',
        '--ray.logger_cpus', '0.25', '--ray.eval_cpus', '0.25'],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

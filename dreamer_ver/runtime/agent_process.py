@@ -133,9 +133,12 @@ def run_agent(config, stop=None):
   learner_thread.start()
   evaluation = None
   if run.eval_every > 0:
+    # A link of its own that waits rather than drops: its rows are rare.
+    eval_logger = Client(peer(run.logger_addr), 'EvalLogger', maxinflight=2,
+                         **client_kwargs(config))
     evaluation = PeriodicEvaluation(
         config, lambda: jax.device_get(store.latest()), lambda: store.version,
-        lambda metrics: logger.add(loggable(metrics))).start()
+        lambda metrics: eval_logger.add(loggable(metrics))).start()
   links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
            'learner to replay': learner.replay, 'learner to logger': logger}
   should_log = elements.when.Clock(run.log_every)
@@ -167,7 +170,7 @@ def run_agent(config, stop=None):
   server.close()
   learner_thread.join()
   if evaluation is not None:
-    evaluation.close()
+    evaluation.stop.set()  # No new evaluations; the worker ends after saving.
   cause = cause or failure(failed, server, links)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '
@@ -178,6 +181,9 @@ def run_agent(config, stop=None):
     print(f'Agent saved at step {shipper.served}.')
     if cause:
       print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
+  if evaluation is not None:
+    evaluation.close(timeout=30)
+    eval_logger.close(timeout=1)
   for client in links.values():
     client.close(timeout=1)
   return 1 if cause else 0

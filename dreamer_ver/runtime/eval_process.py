@@ -40,7 +40,7 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
     make = lambda i: make_run_env(config, config.run.envs + i)
   else:
     make = resolve(env_maker)
-  evaluations = _Evaluations(config, make, device, stop)
+  evaluations = _Evaluations(config, make, device, stop, hosted=parent is None)
   addr = config.run.eval_addr
   if not addr:
     port = addresses.free_port()
@@ -67,7 +67,8 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
     remove_record(path, os.getpid())
     server.close()
     thread.join(10)
-    evaluations.close_envs()  # If the thread did not.
+    if not thread.is_alive():  # Else it still steps them; the exit ends both.
+      evaluations.close_envs()
   return 0
 
 
@@ -76,12 +77,13 @@ class _Evaluations:
   results not polled yet. `submit`, `poll` and `status` run on the server's
   threads, `run` on the evaluation thread."""
 
-  def __init__(self, config, make_env, device, stop):
+  def __init__(self, config, make_env, device, stop, hosted=False):
     from dreamer_ver.agent.agent import Agent, policy_params
     self.config = config
     self.make_env = make_env
     self.device = device
     self.stop = stop
+    self.hosted = hosted  # by a Ray Host, which alone may end it
     self.count = int(config.run.eval_envs)
     self.envs = self._build_envs()
     env = self.envs[0]
@@ -127,6 +129,11 @@ class _Evaluations:
               'pending': pending, 'results': len(self.results)}
 
   def shutdown(self):
+    if self.hosted:
+      # Ended here, the Host would sit idle with its resources and name.
+      raise RuntimeError(
+          'this eval worker runs on Ray: shut it down with the EvalWorker '
+          'that started it (or ray.kill its actor)')
     self.stop.set()
     with self.cond:
       self.cond.notify_all()

@@ -56,6 +56,8 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   name. The token is `token`, else DREAMER_VER_TOKEN, else `<logdir>/token`
   (never in that file). Such a handle does not own the worker: `close()`
   disconnects, `shutdown()` still asks the worker to stop.
+* `cancel` (an Event, optional): setting it ends the wait for a worker
+  that is still starting (an error), e.g. when the caller shuts down.
 * `PeriodicEvaluation` (below) is the runs' use of it: the agent process
   submits its newest params every `run.eval_every` seconds and starts a new
   worker when its worker died.
@@ -96,7 +98,7 @@ class EvalWorker:
 
   def __init__(self, config, name='eval', env_maker=None, init_fn=None,
                host='process', num_cpus=1.0, num_gpus=0.0,
-               start_timeout=START_SECONDS):
+               start_timeout=START_SECONDS, cancel=None):
     _check_name(name)
     if host not in HOSTS:
       raise ValueError(f'host must be one of {HOSTS}, got {host!r}')
@@ -116,8 +118,8 @@ class EvalWorker:
           f'eval_worker_{name}', SERVE, config, name, env_maker, init_fn,
           restart=False)
       try:
-        addr = _wait_for_record(self.record, self._process, start_timeout)[
-            'addr']
+        addr = _wait_for_record(
+            self.record, self._process, start_timeout, cancel)['addr']
       except BaseException:
         self._children.stop_all()
         raise
@@ -125,15 +127,16 @@ class EvalWorker:
       from dreamer_ver.runtime import ray_host
       actor = f'eval_worker_{name}'
       self._actor = ray_host.start(
-          config, actor, SERVE, name,
-          env_maker, init_fn, serves='run.eval_addr', num_cpus=num_cpus,
-          num_gpus=num_gpus)
+          config, actor, SERVE, name, env_maker, init_fn,
+          serves='run.eval_addr', num_cpus=num_cpus,
+          num_gpus=ray_host.available_gpus(num_gpus))
       addr = ray_host.Lookup(actor)
     self._client = Client(
         addr, f'EvalWorker{name}', **process.client_kwargs(config))
     if host == 'ray':
       try:
-        self._call('status', wait=start_timeout)  # Placed, started, serving.
+        # Placed, started and serving.
+        self._call('status', wait=start_timeout, cancel=cancel)
       except BaseException:
         self.shutdown(timeout=5)
         raise
@@ -203,6 +206,12 @@ class EvalWorker:
       self.close()
       ray_host.remove(self._actor, timeout)  # Its Host stops the server.
       return
+    if self._process is None:  # A from_name handle: errors are the caller's.
+      try:
+        self._call('shutdown', wait=min(timeout, CALL_SECONDS))
+      finally:
+        self.close()
+      return
     if self.alive():
       try:
         self._call('shutdown', wait=min(timeout, CALL_SECONDS))
@@ -218,8 +227,23 @@ class EvalWorker:
     """Disconnects this handle; the worker keeps running."""
     self._client.close()
 
-  def _call(self, method, *args, wait=CALL_SECONDS):
-    return _plain(self._client.call(method, *args).result(wait))
+  def _call(self, method, *args, wait=CALL_SECONDS, cancel=None):
+    """The reply of `method`; waits at most `wait` seconds, and stops
+    waiting once the worker's process has exited or `cancel` is set."""
+    future = self._client.call(method, *args)
+    deadline = time.monotonic() + wait
+    while True:
+      try:
+        left = max(0.0, deadline - time.monotonic())
+        return _plain(future.result(min(1.0, left)))
+      except TimeoutError:
+        if time.monotonic() >= deadline:
+          raise
+      if not self.alive():
+        raise RuntimeError(
+            f'the eval worker exited with code {self._process.exitcode}')
+      if cancel is not None and cancel.is_set():
+        raise RuntimeError('cancelled')
 
 
 class PeriodicEvaluation:
@@ -266,21 +290,23 @@ class PeriodicEvaluation:
     """Stops submitting and ends the worker."""
     self.stop.set()
     self.thread.join(timeout)
+    if self.thread.is_alive():  # Stuck (e.g. sending to a logger that is
+      self._shutdown()          # gone): the worker must not outlive us.
 
   def _run(self):
-    delay = self.RETRY_SECONDS
+    self.delay = self.RETRY_SECONDS
     while not self.stop.is_set():
       try:
         self.worker = self._start_worker()
         self._evaluate(self.worker)
       except Exception as e:
+        if self.stop.is_set():
+          break  # Closing: not a failure.
         print(f'Evaluation: the eval worker failed ({e!r}); a new one starts '
-              f'in {delay:.0f} s.', file=sys.stderr, flush=True)
+              f'in {self.delay:.0f} s.', file=sys.stderr, flush=True)
         self._shutdown()
-        self.stop.wait(delay)
-        delay = min(2 * delay, self.RETRY_MAX)
-      else:
-        delay = self.RETRY_SECONDS
+        self.stop.wait(self.delay)
+        self.delay = min(2 * self.delay, self.RETRY_MAX)
     self._shutdown()
 
   def _start_worker(self):
@@ -288,8 +314,9 @@ class PeriodicEvaluation:
     if self.config.script == 'ray':
       ray = self.config.ray
       return EvalWorker(self.config, self.name, host='ray',
-                        num_cpus=ray.eval_cpus, num_gpus=ray.eval_gpus)
-    return EvalWorker(self.config, self.name)
+                        num_cpus=ray.eval_cpus, num_gpus=ray.eval_gpus,
+                        cancel=self.stop)
+    return EvalWorker(self.config, self.name, cancel=self.stop)
 
   def _evaluate(self, worker):
     """Submits and polls until stopped; raises if the worker is lost."""
@@ -307,6 +334,7 @@ class PeriodicEvaluation:
           submitted = version
       result = worker.poll(timeout=min(1.0, self.every))
       if result is not None:
+        self.delay = self.RETRY_SECONDS  # It works: the next failure is new.
         self._log(result)
 
   def _shutdown(self):
@@ -381,8 +409,8 @@ def _recorded_addr(path):
   def addr():
     try:
       return json.loads(path.read_text())['addr']
-    except (FileNotFoundError, ValueError, KeyError):
-      return None
+    except (OSError, ValueError, KeyError, TypeError):
+      return None  # No record (yet), or a partial one: asked again soon.
   return addr
 
 
@@ -430,10 +458,12 @@ def _clear_stale_record(path):
       'shut it down or pick another name')
 
 
-def _wait_for_record(path, proc, timeout):
+def _wait_for_record(path, proc, timeout, cancel=None):
   """The worker's record once the process `proc` has written it."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
+    if cancel is not None and cancel.is_set():
+      raise RuntimeError('cancelled while the eval worker started')
     try:
       info = json.loads(path.read_text())
       if info['pid'] == proc.pid:

@@ -7,6 +7,7 @@ their per-step traffic stays on our portal-protocol sockets.
   Lookup     a client address: where the run's component <name> serves now
   start(config, name, target, *args, serves=None, **options) -> actor handle
   remove(actor, timeout)   stops a Host and removes it (no restart)
+  available_gpus(wanted)   `wanted`, or 0 where the cluster has fewer GPUs
 
 Why a thread in the Ray worker and not a child process: when a node dies,
 Ray's workers on it die with it, and so must the env processes they host,
@@ -157,3 +158,9 @@ def remove(actor, timeout):
   except Exception as error:  # Gone already, or it did not stop in time.
     print(f'[ray] stopping a component: {error!r}; removing it.', flush=True)
   ray.kill(actor, no_restart=True)
+
+
+def available_gpus(wanted):
+  """The GPUs to ask for: `wanted` if the cluster has that many, else 0
+  (so a component that can run on CPU is placed on a CPU-only cluster)."""
+  return wanted if ray.cluster_resources().get('GPU', 0) >= wanted else 0

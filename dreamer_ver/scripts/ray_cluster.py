@@ -96,10 +96,9 @@ def start_run(config, hosts):
   hosts['replay'] = ray_host.start(
       config, 'replay', REPLAY, serves='run.replay_addr',
       num_cpus=r.replay_cpus)
-  has_gpus = ray.cluster_resources().get('GPU', 0) >= r.agent_gpus
   hosts['agent'] = ray_host.start(
       config, 'agent', AGENT, serves='run.actor_addr', num_cpus=r.agent_cpus,
-      num_gpus=r.agent_gpus if has_gpus else 0)
+      num_gpus=ray_host.available_gpus(r.agent_gpus))
   # The agent is placed before the fleets spread over the nodes, so their
   # CPUs cannot leave it no node with room (while Ray can place it).
   ray.wait([hosts['agent'].address.remote()], timeout=PLACE_SECONDS)
