@@ -6,6 +6,10 @@ checkpoint, the replay and its limiter (`run.train_ratio`), and the logger
 service that counts steps and episodes and writes `metrics.jsonl` and
 `scores.jsonl` -- so it is also the reference the parallel runtime is
 compared against.
+
+With `run.eval_every`, an EvalWorker process (`runtime/eval_worker.py`)
+scores the params this loop publishes every `run.eval_every` seconds, on
+its own thread; its rows join the next metrics write.
 """
 
 import collections
@@ -18,11 +22,12 @@ import jax
 import numpy as np
 
 from dreamer_ver.agent import checkpoint
-from dreamer_ver.agent.agent import Agent
+from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.files import write_json
 from dreamer_ver.replay import build
 from dreamer_ver.runtime import devices
+from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.logger_server import LoggerService
 
 
@@ -54,6 +59,18 @@ def train(config):
   should_log = elements.when.Clock(run.log_every)
   should_save = elements.when.Clock(run.save_every)
   fps_policy, fps_train = elements.FPS(), elements.FPS()
+  # The evaluation thread reads only this snapshot (the loop donates the
+  # train state's buffers) and hands its rows over through `eval_rows`.
+  snapshot = lambda: (jax.device_get(policy_params(state['params'])),
+                      counters['version'])
+  published, eval_rows = [], []
+  should_publish = elements.when.Clock(run.eval_every)
+  evaluation = None
+  if run.eval_every > 0:
+    published.append(snapshot())
+    evaluation = PeriodicEvaluation(
+        config, lambda: published[-1], lambda: counters['version'],
+        eval_rows.append).start()
   start = time.monotonic()
 
   def save():
@@ -94,7 +111,12 @@ def train(config):
       for k, v in mets.items():
         metrics[k].append(v)
 
+    if evaluation is not None and should_publish():
+      published.append(snapshot())
+      del published[:-1]
     if should_log():
+      while eval_rows:
+        logger.add(eval_rows.pop(0))
       logger.add({f'train/{k}': np.mean(jax.device_get(v))
                   for k, v in metrics.items()})
       logger.add({'fps/policy': fps_policy.result(),
@@ -106,8 +128,12 @@ def train(config):
     if should_save():
       save()
 
+  if evaluation is not None:
+    evaluation.close(timeout=30)
   save()
   replay.close()
+  for row in eval_rows:
+    logger.add(row)
   logger.write()
   logger.close()
   for env in envs:
