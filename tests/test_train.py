@@ -67,7 +67,7 @@ def test_train_logs_scores_of_an_eval_worker(tmp_path):
   logdir = tmp_path / 'run'
   assert mainlib.main([
       '--script', 'train', '--logdir', str(logdir), *FLAGS,
-      '--run.steps', '1e9', '--run.duration', '60', '--run.eval_envs', '1',
+      '--run.steps', '1e9', '--run.duration', '90', '--run.eval_envs', '1',
       '--run.eval_every', '2', '--run.log_every', '2']) in (0, None)
   metrics = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
   evals = [m for m in metrics if 'eval/score' in m]

@@ -146,31 +146,36 @@ def run_agent(config, stop=None):
   last = shipper.served
   first = shipper.served  # None once the first action is out
   cause = None
-  while not done():
-    stop.wait(0.2)
-    cause = failure(failed, server, links)
-    if cause:
-      stop.set()  # Ends the learner's loop too.
-      break
-    if first is not None and shipper.served > first:
-      first = None  # The start-up time a restart costs (bench/startup.py).
-      print(f'First action served {time.monotonic() - began:.1f} s after '
-            f'the agent started.', flush=True)
-    fps.step(shipper.served - last)
-    last = shipper.served
-    if should_log():
-      stats = actor_stats(server.stats())
-      stats['fps/policy'] = fps.result()
-      stats['actor/served'] = shipper.served
-      stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
-      # Updates the learner made since the params of the latest batch.
-      stats['actor/policy_lag'] = store.version - actor.version
-      logger.add(stats)
+  try:
+    while not done():
+      stop.wait(0.2)
+      cause = failure(failed, server, links)
+      if cause:
+        stop.set()  # Ends the learner's loop too.
+        break
+      if first is not None and shipper.served > first:
+        first = None  # The start-up time a restart costs (bench/startup.py).
+        print(f'First action served {time.monotonic() - began:.1f} s after '
+              f'the agent started.', flush=True)
+      fps.step(shipper.served - last)
+      last = shipper.served
+      if should_log():
+        stats = actor_stats(server.stats())
+        stats['fps/policy'] = fps.result()
+        stats['actor/served'] = shipper.served
+        stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
+        # Updates the learner made since the params of the latest batch.
+        stats['actor/policy_lag'] = store.version - actor.version
+        logger.add(stats)
+  finally:
+    if evaluation is not None:
+      # No new evaluations (also when the loop raised: a worker left
+      # running would keep this process from exiting); it ends after
+      # the save.
+      evaluation.stop.set()
 
   server.close()
   learner_thread.join()
-  if evaluation is not None:
-    evaluation.stop.set()  # No new evaluations; the worker ends after saving.
   cause = cause or failure(failed, server, links)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '

@@ -79,58 +79,64 @@ def train(config):
     write_json(limiter_path, {'limiter': limiter.save()})
     logger.save()
 
-  while counters['steps'] < run.steps and not (
-      run.duration > 0 and time.monotonic() - start >= run.duration):
-    obs = [env.step({k: v[i] for k, v in acts.items()})
-           for i, env in enumerate(envs)]
-    obs = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
-    logs = {k: v for k, v in obs.items() if k.startswith('log/')}
-    obs = {k: v for k, v in obs.items() if not k.startswith('log/')}
-    key, policy_key = jax.random.split(key)
-    carry, act, outs = agent.policy(state['params'], carry, obs, policy_key)
-    act, outs = jax.device_get((act, outs))
-    acts = {**act, 'reset': obs['is_last'].copy()}
-    for i in range(len(envs)):
-      replay.add({k: v[i] for k, v in {**obs, **act, **outs}.items()},
-                 worker=i)
-    limiter.insert(len(envs))
-    logger.tran({**obs, **logs, 'envid': envids,
-                 'is_eval': np.zeros(len(envs), bool)})
-    counters['steps'] += len(envs)
-    fps_policy.step(len(envs))
+  try:
+    while counters['steps'] < run.steps and not (
+        run.duration > 0 and time.monotonic() - start >= run.duration):
+      obs = [env.step({k: v[i] for k, v in acts.items()})
+             for i, env in enumerate(envs)]
+      obs = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+      logs = {k: v for k, v in obs.items() if k.startswith('log/')}
+      obs = {k: v for k, v in obs.items() if not k.startswith('log/')}
+      key, policy_key = jax.random.split(key)
+      carry, act, outs = agent.policy(state['params'], carry, obs, policy_key)
+      act, outs = jax.device_get((act, outs))
+      acts = {**act, 'reset': obs['is_last'].copy()}
+      for i in range(len(envs)):
+        replay.add({k: v[i] for k, v in {**obs, **act, **outs}.items()},
+                   worker=i)
+      limiter.insert(len(envs))
+      logger.tran({**obs, **logs, 'envid': envids,
+                   'is_eval': np.zeros(len(envs), bool)})
+      counters['steps'] += len(envs)
+      fps_policy.step(len(envs))
 
-    # One thread: sample only what the replay holds, or it would wait forever.
-    while len(replay) and limiter.want_sample()[0]:
-      limiter.sample(config.batch_size)  # The limiter counts sequences.
-      batch = replay.sample(config.batch_size)
-      state, train_carry, outs, mets = agent.train(state, train_carry, batch)
-      if 'replay' in outs:
-        replay.update(jax.device_get(outs['replay']))
-      counters['version'] += 1
-      fps_train.step(config.batch_size * config.batch_length)
-      for k, v in mets.items():
-        metrics[k].append(v)
+      # One thread: sample only what the replay holds, or it would wait forever.
+      while len(replay) and limiter.want_sample()[0]:
+        limiter.sample(config.batch_size)  # The limiter counts sequences.
+        batch = replay.sample(config.batch_size)
+        state, train_carry, outs, mets = agent.train(state, train_carry, batch)
+        if 'replay' in outs:
+          replay.update(jax.device_get(outs['replay']))
+        counters['version'] += 1
+        fps_train.step(config.batch_size * config.batch_length)
+        for k, v in mets.items():
+          metrics[k].append(v)
 
-    if evaluation is not None and should_publish():
-      published.append(snapshot())
-      del published[:-1]
-    if should_log():
-      while eval_rows:
-        logger.add(eval_rows.pop(0))
-      logger.add({f'train/{k}': np.mean(jax.device_get(v))
-                  for k, v in metrics.items()})
-      logger.add({'fps/policy': fps_policy.result(),
-                  'fps/train': fps_train.result(),
-                  'replay/size': len(replay),
-                  'train/updates': counters['version']})
-      logger.write()
-      metrics.clear()
-    if should_save():
-      save()
+      if evaluation is not None and should_publish():
+        published.append(snapshot())
+        del published[:-1]
+      if should_log():
+        while eval_rows:
+          logger.add(eval_rows.pop(0))
+        logger.add({f'train/{k}': np.mean(jax.device_get(v))
+                    for k, v in metrics.items()})
+        logger.add({'fps/policy': fps_policy.result(),
+                    'fps/train': fps_train.result(),
+                    'replay/size': len(replay),
+                    'train/updates': counters['version']})
+        logger.write()
+        metrics.clear()
+      if should_save():
+        save()
+  finally:
+    if evaluation is not None:
+      # Also when the loop raised: a worker left running would keep
+      # this process from exiting. It ends after the save.
+      evaluation.stop.set()
 
+  save()
   if evaluation is not None:
     evaluation.close(timeout=30)
-  save()
   replay.close()
   for row in eval_rows:
     logger.add(row)
