@@ -342,6 +342,15 @@ def local_ray():
   ray.shutdown()
 
 
+def _record(logdir, name, pid):
+  """The record of worker `name` if process `pid` wrote it, else None."""
+  try:
+    record = json.loads(record_path(logdir, name).read_text())
+  except (FileNotFoundError, ValueError):
+    return None
+  return record if record['pid'] == pid else None
+
+
 def _status(worker):
   try:
     return worker.status()
@@ -366,8 +375,10 @@ def test_a_ray_hosted_worker_scores_restarts_and_is_found_by_name(
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: (_status(worker) or {'pid': pid})['pid'] != pid, 300,
              'the restarted worker')
-    record = json.loads(record_path(config.logdir, 'onray').read_text())
-    assert record['pid'] == worker.status()['pid'], record  # The new one's.
+    # The new worker writes its record once it serves, so just after.
+    new_pid = worker.status()['pid']
+    record = wait_for(lambda: _record(config.logdir, 'onray', new_pid), 60,
+                      'the new worker\'s record')
     assert record['addr'].startswith('127.0.0.1:'), record
     worker.submit(cue_params(agent, True), 3, episodes=1)
     result = worker.poll(timeout=120)
