@@ -16,12 +16,18 @@ once before any timing. Each mode gets a warm-up (after every live env was
 served once) and then a fixed measuring window; `--repeats` rounds go through
 all modes in turn, so drifts in the machine's other load hit every mode.
 
+Every fleet runs once per `--transports` entry: its env processes reach our
+server over TCP (portal's protocol) or through shared memory (`rpc/shm.py`);
+the baseline speaks TCP only, so it runs with the tcp fleet and the shm rows
+take their x baseline from it.
+
 Fleets (E envs, one per process unless said otherwise; `--step_time` mean
 seconds per step):
 
   constant   every env takes step_time
   hetero     every 4th env (exactly E/4 of them) is 4x slower
   lognormal  per-step lognormal factor (sigma `--jitter`), mean step_time
+  bimodal    half the envs take 5 ms per step, the other half 80 ms
   faults     env 0 stalls for 2 s every 5 s; E/2 + 1 envs die (abruptly,
              os._exit) 40% into each window and are restarted before the
              next one; windows are at least 6.7 s here, so that a fleet
@@ -49,11 +55,11 @@ Measurements, per fleet and mode:
              over the replies received inside the windows; requests never
              answered (a stalled fleet) are not in them.
   extras     ratio_baseline, ratio_limit, batch_mean, policy_ms_mean (handler
-             time per batch), cpu_server / cpu_envs (cores used by the
-             benchmark process plus the baseline's batcher process / by the
-             env processes), our server's own latency and cut reasons, and
-             for `fast` the ratio to upstream DreamerV3's 24 env steps/s,
-             and `load`, the machine's 1-minute load average at the end of
+             time per batch), policy_share (the fraction of the window the
+             policy ran: the rest of the server's CPU is overhead),
+             cpu_server / cpu_envs (cores used by the benchmark process plus
+             the baseline's batcher process / by the env processes), our
+             server's own latency and cut reasons, and `load`, the machine's 1-minute load average at the end of
              the window (other work on the machine skews every number).
 
 With `--wal` the actor ships every served transition to a replay server
@@ -93,10 +99,10 @@ from dreamer_ver.envs.wrappers import Wrapper
 MODES = ('baseline', 'fixed', 'ver', 'preempt')
 WAL_MODES = ('off', 'flush')  # the replays of --wal, by `replay.wal`
 REPLAY_SIZE = 1e5  # --wal replays' capacity: bounds their memory
-FLEETS = ('constant', 'hetero', 'lognormal', 'faults', 'fast', 'fast_multi')
-# Upstream DreamerV3's own parallel run on dmc cartpole_balance, size1m,
-# 16 envs, learner throttled, on this 2-core machine (issue 4).
-REFERENCE_FAST_SPS = 24.0
+FLEETS = ('constant', 'hetero', 'lognormal', 'bimodal', 'faults', 'fast',
+          'fast_multi')
+TRANSPORTS = ('tcp', 'shm')
+BIMODAL = (0.005, 0.080)  # step seconds of the bimodal fleet's two halves
 STALL_SECONDS = 3.0  # no step served for this long = the fleet stalled
 STARTUP_SECONDS = 300.0  # time for the env processes to import and build
 READY_SECONDS = 60.0  # time for every live env to be served once
@@ -132,6 +138,10 @@ def fleet_spec(name, envs, step_time, jitter, per_worker=4):
     base = step_time / math.exp(jitter ** 2 / 2)
     spec['shared'] = {'env.synthetic.step_time': base,
                       'env.synthetic.jitter': jitter}
+  elif name == 'bimodal':
+    times = [BIMODAL[i % 2] for i in range(envs)]
+    spec['per_env'] = [{'env.synthetic.step_time': t} for t in times]
+    spec['mean_step'] = times
   elif name == 'faults':
     spec['stall'] = {0: (STALL_EVERY, STALL_TIME)}
     spec['deaths'] = list(range(envs - (envs // 2 + 1), envs))
@@ -444,9 +454,11 @@ class Ours:
     kwargs = {**server_kwargs(config), 'logging': False}
     if hasattr(actor, 'max_request_bytes'):
       kwargs['max_msg_size'] = actor.max_request_bytes()
+    transports = ('tcp', 'shm') if run.actor_transport == 'shm' else ('tcp',)
     self.server = _retry_bind(lambda: BatchServer(
         addr, handler, self.cutoff, postfn=actor.post,
-        workers=run.actor_threads, name=f'Actor_{mode}', **kwargs))
+        workers=run.actor_threads, name=f'Actor_{mode}',
+        transports=transports, **kwargs))
     self.server.start()
 
   def stats(self):
@@ -663,6 +675,7 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
       t0=t0, t1=t1, batches=batches,
       batch_mean=rows / batches if batches else 0.0,
       policy_ms_mean=1000 * (policy1 - policy0) / batches if batches else 0.0,
+      policy_share=(policy1 - policy0) / (t1 - t0),
       cpu_server=cpu[0].seconds() / (t1 - t0),
       cpu_envs=cpu[1].seconds() / (t1 - t0),
       cpu_replay=cpu[2].seconds() / (t1 - t0))
@@ -728,13 +741,14 @@ def _measure_inference(actor, repeats=20):
   return times
 
 
-def run_fleet(name, args, actors, port):
+def run_fleet(name, args, actors, port, transport):
   from dreamer_ver import config as configlib
   spec = fleet_spec(name, args.envs, args.step_time, args.jitter,
                     args.envs_per_worker)
   config = configlib.compose([args.size], {
       'task': spec['task'], 'run.envs': args.envs, 'run.eval_envs': 0,
-      'run.actor_addr': f'127.0.0.1:{port}', **spec['shared']})
+      'run.actor_addr': f'127.0.0.1:{port}', 'run.actor_transport': transport,
+      **spec['shared']})
   key = (spec['task'], args.size)
   if key not in actors:
     actors[key] = make_actor(config, spec['env_extra'])
@@ -746,10 +760,11 @@ def run_fleet(name, args, actors, port):
   configs = [configlib.override(config, spec['per_env'][g[0]]) if
              spec['per_env'][g[0]] else config for g in groups]
   modes = list(args.modes)
-  if (per > 1 or args.wal) and 'baseline' in modes:
+  if (per > 1 or args.wal or transport != 'tcp') and 'baseline' in modes:
     # portal.BatchServer stacks whole calls: a multi-env call would become
-    # [batch, envs, ...]; upstream DreamerV3 has one env per process. And
-    # it calls Actor.step: nothing is shipped to a replay (--wal).
+    # [batch, envs, ...]; upstream DreamerV3 has one env per process. It
+    # calls Actor.step: nothing is shipped to a replay (--wal). It speaks
+    # TCP only.
     modes.remove('baseline')
   wals = WAL_MODES if args.wal else (None,)
   rounds = {(mode, wal): [] for mode in modes for wal in wals}
@@ -790,6 +805,7 @@ def run_fleet(name, args, actors, port):
   records = [_combine(each, times, latency) for each in rounds.values()]
   for record in records:
     record['envs_per_process'] = per
+    record['transport'] = transport
   base = next((r['sps'] for r in records if r['mode'] == 'baseline'), None)
   for record in records:
     record['limit_sps'] = limit
@@ -797,7 +813,6 @@ def run_fleet(name, args, actors, port):
     record['ratio_baseline'] = record['sps'] / base if base else None
     if spec['mean_step'] is None:
       record['env_step_ms'] = 1000 * args.envs / limit
-      record['ratio_reference'] = record['sps'] / REFERENCE_FAST_SPS
   return records
 
 
@@ -823,7 +838,7 @@ def _combine(rounds, times, latency):
       latency_samples=int(len(lat)),
       round_sps=[r['sps'] for r in rounds])
   weigh = lambda key: sum(r[key] * r['seconds'] for r in rounds) / seconds
-  for key in ('cpu_server', 'cpu_envs', 'cpu_replay', 'load'):
+  for key in ('cpu_server', 'cpu_envs', 'cpu_replay', 'load', 'policy_share'):
     record[key] = weigh(key)
   record['env_crashes'] = sum(r['env_crashes'] for r in rounds)
   record['policy_ms_mean'] = (
@@ -851,12 +866,13 @@ def _fmt(value, digits=1):
 
 
 HEADER = ('| fleet | mode | env steps/s | x baseline | x limit | limit | '
-          'p50 ms | p99 ms | batch | stalled |')
+          'p50 ms | p99 ms | batch | policy share | stalled |')
 
 
 def _name(r):
-  """The mode, and with --wal the replay's WAL mode."""
-  return r['mode'] + (f' wal {r["wal"]}' if r['wal'] else '')
+  """The mode, its transport, and with --wal the replay's WAL mode."""
+  return (r['mode'] + (f' {r["transport"]}' if r.get('transport') else '') +
+          (f' wal {r["wal"]}' if r['wal'] else ''))
 
 
 def _row(r, partial=False):
@@ -871,20 +887,14 @@ def _row(r, partial=False):
   return (f'| {r["fleet"]} | {_name(r)} | {r["sps"]:.0f} | '
           f'{_fmt(r["ratio_baseline"], 2)} | {_fmt(r["ratio_limit"], 2)} | '
           f'{r["limit_sps"]:.0f} | {_fmt(r["p50_ms"])} | {_fmt(r["p99_ms"])} '
-          f'| {r["batch_mean"]:.1f} | {"yes" if r["stalled"] else "no"} |')
+          f'| {r["batch_mean"]:.1f} | {_fmt(r.get("policy_share"), 2)} | '
+          f'{"yes" if r["stalled"] else "no"} |')
 
 
 def table(records):
-  lines = [HEADER, '|' + ' --- |' * 10]
+  lines = [HEADER, '|' + ' --- |' * 11]
   lines += [_row(r) for r in records]
   notes = []
-  for fleet in ('fast', 'fast_multi'):
-    rows = [r for r in records if r['fleet'] == fleet]
-    if rows:
-      notes.append(
-          f'{fleet} vs upstream DreamerV3 ({REFERENCE_FAST_SPS:.0f} env '
-          'steps/s): ' + ', '.join(
-              f'{r["mode"]} {r["ratio_reference"]:.1f}x' for r in rows))
   multi = next((r for r in records if r['fleet'] == 'fast_multi'), None)
   if multi:
     notes.append(
@@ -937,9 +947,7 @@ def plot(records, path):
         bar.set_hatch('//')
         ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
                 'stalled', ha='center', va='bottom', fontsize=7)
-    if fleet.startswith('fast'):
-      ax.axhline(REFERENCE_FAST_SPS, color='k', ls=':', lw=1)
-    elif rows:
+    if rows:
       limit = next(iter(rows.values()))['limit_sps']
       ax.axhline(limit, color='k', ls='--', lw=1)
     ax.set_xticks(list(xs), modes, rotation=30, fontsize=8)
@@ -948,8 +956,7 @@ def plot(records, path):
   envs = records[0]['envs']
   fig.suptitle(
       f'{envs} env processes: env steps/s per actor mode (dashed: env-bound '
-      f'limit; dotted: upstream DreamerV3, {REFERENCE_FAST_SPS:.0f} steps/s; '
-      'hatched: stalled)', fontsize=9)
+      f'limit; hatched: stalled)', fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   print(f'Wrote {path}.')
@@ -965,6 +972,10 @@ def parse_args(argv=None):
   parser.add_argument('--modes', nargs='+', default=list(MODES),
                       choices=MODES, help='modes to run (all; the '
                       'baseline always runs first)')
+  parser.add_argument('--transports', nargs='+', default=list(TRANSPORTS),
+                      choices=TRANSPORTS, help='how the env processes reach '
+                      'our server; each fleet runs once per transport (tcp '
+                      'shm)')
   parser.add_argument('--envs', type=int, default=None,
                       help='env processes per fleet (16; 8 with --quick)')
   parser.add_argument('--seconds', type=float, default=None,
@@ -1055,18 +1066,19 @@ def main(argv=None):
   for name in args.fleets:
     if args.wait_load > 0:
       _wait_for_quiet(args.wait_load)
-    print(f'fleet {name}:', flush=True)
-    began = time.monotonic()
-    records += run_fleet(name, args, actors, free_port())
-    print(f'  ({time.monotonic() - began:.0f} s)', flush=True)
-  # fast_multi has no baseline of its own (see run_fleet): compare it with
-  # the one-env-per-process baseline on the same env.
-  fast = next((r['sps'] for r in records
-               if r['fleet'] == 'fast' and r['mode'] == 'baseline'), None)
+    for transport in args.transports:
+      print(f'fleet {name} over {transport}:', flush=True)
+      began = time.monotonic()
+      records += run_fleet(name, args, actors, free_port(), transport)
+      print(f'  ({time.monotonic() - began:.0f} s)', flush=True)
+  # Rows without a baseline of their own (shm; fast_multi, see run_fleet)
+  # compare with the tcp baseline of the same env, one env per process.
+  baselines = {r['fleet']: r['sps'] for r in records if r['mode'] == 'baseline'}
   for record in records:
-    if record['fleet'] == 'fast_multi' and fast:
-      record['ratio_baseline'] = record['sps'] / fast
-      record['baseline_of'] = 'fast'
+    of = 'fast' if record['fleet'] == 'fast_multi' else record['fleet']
+    if record['ratio_baseline'] is None and baselines.get(of):
+      record['ratio_baseline'] = record['sps'] / baselines[of]
+      record['baseline_of'] = f'{of} over tcp'
   print()
   print(table(records))
   if args.wal:

@@ -106,6 +106,7 @@ OUTPUTS = ('jsonl', 'tensorboard', 'wandb')
 CHOICES = {
     'run.eval_mode': ('greedy', 'sample'),
     'run.actor_cutoff': ('preempt', 'ver', 'fixed'),
+    'run.actor_transport': ('auto', 'shm', 'tcp'),
     'replay.wal': ('flush', 'fsync', 'off'),
     'jax.platform': ('', 'cpu', 'cuda', 'gpu', 'tpu'),
     'jax.compute_dtype': ('float32', 'bfloat16'),

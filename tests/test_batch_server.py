@@ -7,10 +7,13 @@ has a timeout.
 """
 
 import collections
+import concurrent.futures
 import contextlib
+import functools
 import socket
 import threading
 import time
+import types
 
 import numpy as np
 import portal
@@ -19,8 +22,10 @@ import pytest
 from dreamer_ver.actor import preemption
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.shm import ShmClient
 
 TIMEOUT = 5.0
+TRANSPORTS = ('tcp', 'shm', 'thread')
 Pending = collections.namedtuple('Pending', 'arrival envid')
 
 
@@ -109,18 +114,88 @@ def serving(handler, cutoff, **kwargs):
 
 
 @contextlib.contextmanager
-def connected(addr, count=1, **kwargs):
+def connected(addr, count=1, server=None, reply=None, **kwargs):
+  """`count` clients of the server's transport (portal.Client for tcp), all
+  with portal.Client's `act(data)` -> future (`wait`, `result`)."""
+  kind = 'tcp' if server is None else next(iter(server.transports))
   kwargs = {'maxinflight': 1, 'autoconn': False, 'logging': False, **kwargs}
   clients = []
   try:
     for _ in range(count):
-      client = portal.Client(addr, 'TestClient', **kwargs)
+      if kind == 'tcp':
+        client = portal.Client(addr, 'TestClient', **kwargs)
+        assert client.connect(timeout=TIMEOUT)
+      elif kind == 'shm':
+        client = ShmCaller(addr, reply)
+      else:
+        client = ThreadCaller(server.client())
       clients.append(client)
-      assert client.connect(timeout=TIMEOUT)
     yield clients
   finally:
     for client in clients:
       client.close(timeout=1)
+
+
+def like_x(data):
+  """The reply space of Doubler: y has the shape and dtype of one row of x."""
+  x = data['x']
+  rows = 'envid' in data and data['envid'].ndim == 1
+  return {'y': (x.shape[1:] if rows else x.shape, x.dtype)}
+
+
+class ShmCaller:
+  """A ShmClient with portal.Client's act(); one thread per caller."""
+
+  def __init__(self, addr, reply=None):
+    self.client = ShmClient(addr, reply or like_x)
+    assert self.client.connect(threading.Event())
+
+  def act(self, data):
+    return _ShmFuture(self.client, self.client.send('act', data))
+
+  def close(self, timeout):
+    self.client.close()
+
+
+class _ShmFuture:
+
+  def __init__(self, client, reqnum):
+    self.client, self.reqnum, self.outcome = client, reqnum, None
+
+  def wait(self, timeout):
+    if self.outcome is None:
+      deadline = time.monotonic() + timeout
+      stop = types.SimpleNamespace(is_set=lambda: time.monotonic() > deadline)
+      try:
+        value = self.client.recv(self.reqnum, stop, poll=0.01)
+      except Exception as e:
+        value = e
+      if value is None:
+        return False
+      self.outcome = value
+    return True
+
+  def result(self, timeout=TIMEOUT):
+    assert self.wait(timeout), 'no reply'
+    if isinstance(self.outcome, Exception):
+      raise self.outcome
+    return self.outcome
+
+
+class ThreadCaller:
+  """A ThreadClient with portal.Client's act()."""
+
+  def __init__(self, client):
+    self.client = client
+
+  def act(self, data):
+    future = self.client.submit(data)
+    future.wait = lambda timeout: concurrent.futures.wait(
+        [future], timeout).done != set()
+    return future
+
+  def close(self, timeout):
+    self.client.close()
 
 
 def result(future, timeout=TIMEOUT):
@@ -185,15 +260,18 @@ class Recording:
     self.cutoff.observe_reply(envid, time)
 
 
+@pytest.mark.parametrize('transport', TRANSPORTS)
 @pytest.mark.parametrize('name', PRODUCTION)
 @pytest.mark.parametrize('workers', [1, 2])
-def test_replies_are_routed_by_value_in_varying_batches(workers, name):
+def test_replies_are_routed_by_value_in_varying_batches(
+    workers, name, transport):
   handler = Doubler(delay=0.003)
   policy = Recording(production_cutoff(name, 2, 4))
-  with serving(handler, policy, workers=workers) as (server, addr):
-    with connected(addr, count=6) as clients:
+  with serving(handler, policy, workers=workers,
+               transports=(transport,)) as (server, addr):
+    with connected(addr, count=6, server=server) as clients:
       assert not run_clients(clients, steps=25)
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   sizes = handler.sizes
   assert sum(sizes) == 6 * 25
   assert all(1 <= size <= 4 for size in sizes)
@@ -225,15 +303,16 @@ def test_stats_reset_on_read():
   assert second['latency_ms/p99'] == 0.0
 
 
+@pytest.mark.parametrize('transport', TRANSPORTS)
 @pytest.mark.parametrize('name', PRODUCTION)
-def test_fewer_clients_than_min_batch_still_progress(name):
+def test_fewer_clients_than_min_batch_still_progress(name, transport):
   """What portal.BatchServer lacks: 2 clients, min batch 8."""
   handler = Doubler()
-  with serving(handler, production_cutoff(name, 8, 8, 0.01)) as (
-      server, addr):
-    with connected(addr, count=2) as clients:
+  with serving(handler, production_cutoff(name, 8, 8, 0.01),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, count=2, server=server) as clients:
       assert not run_clients(clients, steps=5)
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   cuts = {k: v for k, v in stats.items() if k.startswith('cut/')}
   assert sum(cuts.values()) == len(handler.sizes) == stats['batches']
   assert not cuts.get('cut/min') and not cuts.get('cut/max'), cuts
@@ -268,38 +347,42 @@ def test_invalid_requests_error_only_their_caller(name):
       thread.join(TIMEOUT * 4)
       assert not thread.is_alive()
       assert outcome == {}
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   assert stats['errors'] == 4
   assert stats['requests'] == 3 * 30 + 1
 
 
-def test_client_disconnecting_while_queued_is_dropped():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_client_disconnecting_while_queued_is_dropped(transport):
   handler = Doubler()
-  with serving(handler, preemption.Fixed(2)) as (server, addr):
-    with connected(addr) as (leaver,):
+  with serving(handler, preemption.Fixed(2),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, server=server) as (leaver,):
       wait_until(lambda: len(server.connections) == 1)  # Accepted.
       leaver_addr, = server.connections
       leaver.act({'x': np.array([-1])})
       wait_until(lambda: server.stats()['pending'] == 1)
     wait_until(lambda: leaver_addr not in server.connections)
-    with connected(addr, count=2) as clients:
+    with connected(addr, count=2, server=server) as clients:
       assert not run_clients(clients, steps=10)
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   values = [int(x[0]) for batch in handler.batches for x in batch]
   assert -1 not in values
   assert handler.sizes == [2] * 10
   assert stats['dropped'] == 1
 
 
-def test_handler_exception_errors_that_batch_only():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_handler_exception_errors_that_batch_only(transport):
   def handler(requests):
     if any(r.data['x'][0] < 0 for r in requests):
       raise ValueError('boom: negative input')
     return [{'y': r.data['x'] * 2} if r.data['x'][0] != 13
             else KeyError('unlucky') for r in requests], None
 
-  with serving(handler, preemption.Fixed(2)) as (server, addr):
-    with connected(addr, count=2) as (a, b):
+  with serving(handler, preemption.Fixed(2),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, count=2, server=server) as (a, b):
       poisoned = a.act({'x': np.array([-1])})
       innocent = b.act({'x': np.array([5])})
       for future in (poisoned, innocent):
@@ -311,7 +394,7 @@ def test_handler_exception_errors_that_batch_only():
         result(unlucky)
       assert np.array_equal(result(fine)['y'], [12])
       assert not run_clients([a, b], steps=5, first=100)
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   assert stats['errors'] == 3
   assert stats['batches'] == 2 + 5
 
@@ -366,15 +449,18 @@ def test_garbage_on_the_wire_costs_only_that_connection(name):
       assert not run_clients(clients, steps=5, first=20)
       wait_until(lambda: len(server.connections) == 2)
     assert server.error is None
-    stats = server.stats()
+  stats = server.stats()  # After close: every batch is counted.
   assert stats['errors'] == 2
 
 
-def test_closing_the_server_disconnects_waiting_clients():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_closing_the_server_disconnects_waiting_clients(transport):
   """A request stuck in a Fixed(2) queue when the server closes: the
-  unmodified portal.Client reports Disconnected, as with portal's servers."""
-  with serving(Doubler(), preemption.Fixed(2)) as (server, addr):
-    with connected(addr) as (client,):
+  unmodified portal.Client reports Disconnected, as with portal's servers,
+  and so do the other transports' clients."""
+  with serving(Doubler(), preemption.Fixed(2),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, server=server) as (client,):
       future = client.act({'x': np.array([1])})
       wait_until(lambda: server.stats()['pending'] == 1)
       server.close(timeout=TIMEOUT)
@@ -386,12 +472,13 @@ def test_server_binds_loopback_for_localhost():
   server = BatchServer(
       f'localhost:{free_port()}', Doubler(), preemption.Fixed(1), logging=False)
   try:
-    assert server.socket.addr[0] == '127.0.0.1'
+    assert server.transports['tcp'].socket.addr[0] == '127.0.0.1'
   finally:
     server.close(timeout=TIMEOUT)
 
 
-def test_multi_env_call_is_split_into_rows_and_replied_stacked():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_multi_env_call_is_split_into_rows_and_replied_stacked(transport):
   seen = []
 
   def handler(requests):
@@ -400,8 +487,9 @@ def test_multi_env_call_is_split_into_rows_and_replied_stacked():
             for r in requests], None
 
   # max 2 rows per batch: a 3-env call must span two batches.
-  with serving(handler, production_cutoff('ver', 1, 2)) as (_, addr):
-    with connected(addr) as (client,):
+  with serving(handler, production_cutoff('ver', 1, 2),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, server=server) as (client,):
       data = {'envid': np.array([4, 5, 6]), 'x': np.array([1.0, 2.0, 3.0])}
       reply = result(client.act(data))
       np.testing.assert_array_equal(reply['y'], [14, 25, 36])
@@ -415,7 +503,8 @@ def test_multi_env_call_is_split_into_rows_and_replied_stacked():
       assert float(reply['y']) == 19.0
 
 
-def test_lanes_each_cut_their_own_connections_batches():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_lanes_each_cut_their_own_connections_batches(transport):
   """Two lanes (e.g. two policy devices): a connection stays on one lane,
   the lanes get connections in turn, and a lane whose connection left gets
   the next newcomer. Lane 0 cuts pairs, lane 1 single requests."""
@@ -428,31 +517,35 @@ def test_lanes_each_cut_their_own_connections_batches():
             for r in requests], None
 
   policies = [preemption.Fixed(2), preemption.Fixed(1)]
-  with serving(handler, policies) as (server, addr):
-    with connected(addr, count=2) as (a, b):
+  reply = lambda data: {**like_x(data), 'n': ((), np.int64)}
+  with serving(handler, policies, transports=(transport,)) as (server, addr):
+    link = functools.partial(connected, addr, server=server, reply=reply)
+    with link(count=2) as (a, b):
       ra = a.act({'x': np.array([1])})
       wait_until(lambda: server.stats()['pending'] == 1)  # a is routed.
       rb = b.act({'x': np.array([2])})
       # a went to lane 0, which waits for a pair; b to lane 1, served alone.
       assert int(result(rb)['n']) == 1
       assert not ra.wait(0.2)
-      with connected(addr) as (c,):
+      with link() as (c,):
         rc = c.act({'x': np.array([3])})  # Lane 0 now has its pair.
         assert int(result(ra)['n']) == 2 and int(result(rc)['n']) == 2
       wait_until(lambda: len(server.connections) == 2)
-      with connected(addr) as (d,):  # Lane 0 lost c, so d joins lane 0.
+      with link() as (d,):  # Lane 0 lost c, so d joins lane 0.
         rd = d.act({'x': np.array([4])})
         ra = a.act({'x': np.array([5])})
         assert int(result(rd)['y'][0]) == 8 and int(result(ra)['y'][0]) == 10
   assert lanes == {0: {1, 3, 4, 5}, 1: {2}}
 
 
-def test_an_env_id_belongs_to_one_connection_at_a_time():
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_an_env_id_belongs_to_one_connection_at_a_time(transport):
   handler = Doubler()
   x = np.array([1, 2], np.int64)
-  with serving(handler, production_cutoff('ver')) as (server, addr):
-    with connected(addr) as (second,):
-      with connected(addr) as (first,):
+  with serving(handler, production_cutoff('ver'),
+               transports=(transport,)) as (server, addr):
+    with connected(addr, server=server) as (second,):
+      with connected(addr, server=server) as (first,):
         reply = result(first.act({'x': x, 'envid': np.int64(5)}))
         np.testing.assert_array_equal(reply['y'], 2 * x)
         # A second connection with the same id (alone or in a multi-env
@@ -469,6 +562,6 @@ def test_an_env_id_belongs_to_one_connection_at_a_time():
         reply = result(second.act({'x': x, 'envid': np.int64(6)}))
         np.testing.assert_array_equal(reply['y'], 2 * x)
       # Once the owner disconnects, the id is free (a restarted env).
-      wait_until(lambda: len(server.socket.conns) == 1)
+      wait_until(lambda: len(server.connections) == 1)
       reply = result(second.act({'x': 5 * x, 'envid': np.int64(5)}))
       np.testing.assert_array_equal(reply['y'], 10 * x)

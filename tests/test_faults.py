@@ -462,14 +462,14 @@ def test_restart_policy_is_a_parameter_of_start(tmp_path):
 def test_failure_names_the_first_dead_part_of_the_agent():
   from types import SimpleNamespace as Fake
   from dreamer_ver.runtime.agent_process import failure
-  server = Fake(error=None, socket=Fake(error=None))
+  server = Fake(error=None)
   links = {'actor to replay': Fake(error=None),
            'learner to logger': Fake(error=None)}
   assert failure([], server, links) is None
   links['learner to logger'].error = OSError('bad fd')
   assert failure([], server, links) == (
       "the learner to logger link failed: OSError('bad fd')")
-  server.socket.error = ValueError('loop died')
+  server.error = ValueError('loop died')
   assert failure([], server, links) == (
       "the batch server failed: ValueError('loop died')")
   assert failure([KeyError('x')], server, links) == (

@@ -11,7 +11,11 @@ portal's servers.
                  (portal.Server polls every 0.1 ms)
   batch_server   BatchServer: gathers calls of one method into batches cut
                  by a pluggable cutoff policy (portal.BatchServer waits for
-                 a fixed count)
+                 a fixed count), from one or more transports at once:
+  tcp_transport    portal's protocol, any host
+  shm              shared-memory slots for callers on the server's host
+                   (ShmClient), a 13-byte message per call
+  thread_transport in-process callers (ThreadClient, `BatchServer.client()`)
   client         Client: futures, bounded in-flight calls, reconnect and
                  resend (portal.Client's socket thread can busy-poll)
   blocking_client  BlockingClient: no thread at all, for env processes
@@ -22,8 +26,10 @@ from .batch_server import BatchServer, Request
 from .blocking_client import BlockingClient
 from .client import Client, Dropped
 from .server import Server
+from .shm import ShmClient
+from .thread_transport import ThreadClient
 
 __all__ = [
     'BatchServer', 'BlockingClient', 'Client', 'Dropped', 'Request', 'Server',
-    'fill_auto_ports', 'free_port', 'handshake', 'split_addr',
+    'ShmClient', 'ThreadClient', 'fill_auto_ports', 'free_port', 'handshake', 'split_addr',
 ]

@@ -2,14 +2,26 @@
 
 portal.BatchServer dispatches only when exactly N requests are queued, so
 stragglers hold back everyone and fewer live clients than N hang it. This
-server speaks portal's request/response framing on portal's own ServerSocket
-(hardened: `server_socket.py`), so an unmodified `portal.Client` talks to it
-(errors arrive as RuntimeError, a closed server as Disconnected), but it
-keeps its own queue and asks a cutoff policy when the queue becomes a batch.
+server keeps its own queue and asks a cutoff policy when the queue becomes a
+batch. Calls reach it through one or more transports at once:
 
-  receive thread:   socket -> decode -> Request -> its lane's pending queue
+  tcp     portal's protocol on a hardened portal socket (`tcp_transport.py`):
+          any host; an unmodified `portal.Client` talks to it (errors arrive
+          as RuntimeError, a closed server as Disconnected)
+  shm     shared-memory slots on the server's host (`shm.py`): no
+          serialisation, a 13-byte message per call
+  thread  in-process callers (`thread_transport.py`)
+
+  receive thread per transport:  calls -> Requests -> their lane's queue
   worker threads:   cutoff.decide(pending) -> handler(batch) -> replies
                     -> cutoff.observe_*(...) -> postfn(batch, context)
+
+A transport has `kind`, `conns` (the open connection ids; ids of different
+transports never compare equal), `disconnects` (a count that grows with each
+closed connection), `error` (why it failed, else None), `receive(timeout)`
+-> [(conn, reqnum, data: dict of numpy arrays)], `reply(conn, reqnum, value)`
+and `error_reply(conn, reqnum, status, message)` (False if the caller did
+not get the value), `shutdown()` (no new calls) and `close(timeout)`.
 
 A cutoff policy is any object with these methods (the actor's preemption
 module provides them; all calls happen under the server's lock, with times
@@ -45,7 +57,9 @@ import traceback
 
 import numpy as np
 
-from .server_socket import BadCall, ServerSocket, parse_call
+from .shm import ShmTransport
+from .tcp_transport import TcpTransport
+from .thread_transport import ThreadTransport
 
 # Recent samples kept for the percentiles between two stats() calls.
 _SAMPLES = 65536
@@ -56,21 +70,24 @@ _FAILED = object()  # the context of a batch whose handler raised
 class Request:
   """One queued call: who sent it, its number, its argument, when it came.
 
-  `data` is the caller's dict of numpy arrays; the arrays are read-only views
-  into the receive buffer (copy before writing). `envid` is the integer under
-  the server's `envid_key` when the request carries one, else `addr`.
-  `lane` is the index of the lane (and cutoff policy) that serves it.
+  `data` is the caller's dict of numpy arrays; the arrays are views into the
+  transport's buffers, valid until the reply (copy to keep them, never
+  write). `envid` is the integer under the server's `envid_key` when the
+  request carries one, else `conn`. `transport` is the one it came through
+  and replies go back by; `lane` is the index of the lane (and cutoff
+  policy) that serves it.
 
   A call whose `envid` is a vector carries several envs (an env worker with
   `run.envs_per_worker > 1`): it is split into one Request per env, sharing
   a `group`, so the cutoff and the handler see every env as its own row. The
   caller gets one reply, the rows' replies stacked, once all rows are served.
   """
-  addr: tuple
-  reqnum: bytes
+  conn: object
+  reqnum: object
   data: dict
   arrival: float
   envid: object = None
+  transport: object = None
   group: object = None
   index: int = 0
   lane: int = 0
@@ -112,13 +129,24 @@ class BatchServer:
     from different workers may overlap and finish out of order.
   cutoff: a cutoff policy (see the module docstring), or a list of them:
     one lane each, every lane with `workers` threads of its own.
+  transports: which ones serve calls: 'tcp' on `addr` ('host:port');
+    'shm' for clients on this host (`shm.py`; they find it by the port of
+    `addr`); 'thread' for in-process callers (`client()`).
+  socket_kwargs: `handshake` (the token every transport checks),
+    `max_msg_size` (the largest call, per env row for shm), and for tcp
+    the socket's options (`host`, `logging`, ...).
   """
 
   def __init__(
       self, addr, handler, cutoff, postfn=None, workers=1, method='act',
-      envid_key='envid', name='BatchServer', nodelay=True, **socket_kwargs):
+      envid_key='envid', name='BatchServer', transports=('tcp',),
+      nodelay=True, **socket_kwargs):
     if workers < 1:
       raise ValueError(f'workers must be >= 1, got {workers}')
+    unknown = set(transports) - {'tcp', 'shm', 'thread'}
+    if unknown or not transports:
+      raise ValueError(f'transports must be some of tcp, shm, thread; got '
+                       f'{list(transports)}')
     self.handler = handler
     cutoffs = list(cutoff) if isinstance(cutoff, (list, tuple)) else [cutoff]
     if not cutoffs:
@@ -128,19 +156,30 @@ class BatchServer:
     self.method = method
     self.envid_key = envid_key
     self.name = name
-    self.error = None  # Set if the socket or a loop failed; serving stops.
-    self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
+    self.transports = {}
+    if 'tcp' in transports:
+      self.transports['tcp'] = TcpTransport(
+          addr, method, name, nodelay=nodelay, **socket_kwargs)
+    if 'shm' in transports:
+      self.transports['shm'] = ShmTransport(
+          addr, method, name, socket_kwargs.get('handshake'),
+          socket_kwargs.get('max_msg_size'), envid_key)
+    if 'thread' in transports:
+      self.transports['thread'] = ThreadTransport(method)
+    self._failed = None  # A loop's exception; serving stops.
     self._cond = threading.Condition()
-    self._lane_of = {}  # addr -> the _Queue serving that connection
-    self._owner = {}  # env id -> addr of the connection that uses it
-    self._disconnects = 0  # socket.disconnects when the queue was last pruned
+    self._lane_of = {}  # conn -> the _Queue serving that connection
+    self._owner = {}  # env id -> conn of the connection that uses it
+    self._disconnects = 0  # disconnects when the queues were last pruned
     self._stats = _Stats()
+    self._refused = 0  # the transports' refused calls at the last stats()
     self._running = False
     self._started = False
     self._closed = False
-    self._threads = [threading.Thread(
-        target=self._guard, args=(self._receive,), name=f'{name}Recv',
-        daemon=True)]
+    self._threads = [
+        threading.Thread(target=self._guard, args=(self._receive, transport),
+                         name=f'{name}Recv{kind}', daemon=True)
+        for kind, transport in self.transports.items()]
     for lane in self.lanes:
       for i in range(workers):
         suffix = f'{i}' if len(self.lanes) == 1 else f'{lane.index}.{i}'
@@ -149,8 +188,24 @@ class BatchServer:
             name=f'{name}Worker{suffix}', daemon=True))
 
   @property
+  def error(self):
+    """Why serving stopped (a loop or a transport failed), else None."""
+    if self._failed is not None:
+      return self._failed
+    return next((t.error for t in self.transports.values()
+                 if t.error is not None), None)
+
+  @property
   def connections(self):
-    return self.socket.connections
+    """The open connections of every transport."""
+    return [c for t in self.transports.values() for c in list(t.conns)]
+
+  def client(self):
+    """A new in-process client (`thread_transport.ThreadClient`); needs the
+    'thread' transport."""
+    if 'thread' not in self.transports:
+      raise ValueError("client() needs transports=(..., 'thread')")
+    return self.transports['thread'].client()
 
   def start(self):
     assert not self._started, 'already started'
@@ -161,7 +216,8 @@ class BatchServer:
     return self
 
   def close(self, timeout=5.0):
-    """Stops reading, lets running batches reply, then closes the socket.
+    """Stops receiving, lets running batches reply, then closes the
+    transports.
 
     Queued requests that were not dispatched get no reply: their clients see
     the connection close (portal.Disconnected, or a resend after reconnect).
@@ -170,14 +226,16 @@ class BatchServer:
       return
     self._closed = True
     deadline = time.monotonic() + timeout
-    self.socket.shutdown()
+    for transport in self.transports.values():
+      transport.shutdown()
     with self._cond:
       self._running = False
       self._cond.notify_all()
     if self._started:
       for thread in self._threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    self.socket.close(max(0.0, deadline - time.monotonic()))
+    for transport in self.transports.values():
+      transport.close(max(0.0, deadline - time.monotonic()))
 
   def __enter__(self):
     return self.start()
@@ -189,6 +247,9 @@ class BatchServer:
     """Counters and percentiles since the last call (which they reset)."""
     with self._cond:
       stats, self._stats = self._stats, _Stats()
+      refused = sum(t.refused for t in self.transports.values())
+      stats.errors += refused - self._refused
+      self._refused = refused
       pending = sum(len(lane.pending) for lane in self.lanes)
       extra = {}
       for lane in self.lanes:
@@ -199,94 +260,77 @@ class BatchServer:
 
   # ---------------------------------------------------------- receive side
 
-  def _receive(self):
+  def _receive(self, transport):
     while self._running:
-      try:
-        messages = [self.socket.recv(timeout=0.05)]
-      except TimeoutError:
+      calls = transport.receive(timeout=0.05)
+      if not calls:
         continue
-      while len(messages) < 256:  # Drain a burst under one lock.
-        try:
-          messages.append(self.socket.recv(timeout=0))
-        except TimeoutError:
-          break
-      requests = [r for addr, msg in messages
-                  for r in self._decode(addr, msg)]
       with self._cond:
-        live = [r for r in requests if r.addr in self.socket.conns]
-        self._stats.requests += len(requests)
-        self._stats.errors += len(messages) - len(requests)
-        self._stats.dropped += len(requests) - len(live)
-        for request in live:
-          lane = self._route(request.addr)
-          request.lane = lane.index
-          lane.pending.append(request)
+        for conn, reqnum, data in calls:
+          self._stats.requests += 1
+          if conn not in transport.conns:
+            self._stats.dropped += 1
+            continue
+          for request in self._requests(transport, conn, reqnum, data):
+            lane = self._route(request.conn)
+            request.lane = lane.index
+            lane.pending.append(request)
         self._cond.notify_all()
 
-  def _route(self, addr):
+  def _route(self, conn):
     """The lane of a connection: fixed on its first call, the lane with
     the fewest connections then."""
-    lane = self._lane_of.get(addr)
+    lane = self._lane_of.get(conn)
     if lane is None:
-      # Count open connections only: a lane's addrs are pruned after the
-      # socket counts a disconnect, which may lag the close by a moment.
-      conns = self.socket.conns
-      lane = min(self.lanes, key=lambda lane: sum(a in conns for a in lane.addrs))
-      lane.addrs.add(addr)
-      self._lane_of[addr] = lane
+      # Count open connections only: a lane's conns are pruned after a
+      # transport counts a disconnect, which may lag the close by a moment.
+      lane = min(self.lanes,
+                 key=lambda lane: sum(map(self._is_open, lane.conns)))
+      lane.conns.add(conn)
+      self._lane_of[conn] = lane
     return lane
 
-  def _decode(self, addr, msg):
+  def _is_open(self, conn):
+    return any(conn in t.conns for t in self.transports.values())
+
+  def _requests(self, transport, conn, reqnum, data):
     """The call's Requests (one per env row); none after sending the caller
     an error."""
     arrival = time.monotonic()
-    try:
-      reqnum, name, args = parse_call(msg)
-    except BadCall as e:
-      self.socket.send_error(addr, e.reqnum, e.status, str(e))
-      return []
-    if name != self.method:
-      self.socket.send_error(addr, reqnum, 3, f'Unknown method {name}')
-      return []
-    problem = _check_args(args)
-    if problem:
-      self.socket.send_error(addr, reqnum, 4, (
-          f'{self.method}() expects one argument, a dict of numpy arrays; '
-          f'got {problem}'))
-      return []
-    data = args[0]
     rows = self._rows(data)
-    if isinstance(rows, str):
-      self.socket.send_error(addr, reqnum, 4, rows)
-      return []
     if rows is None:
-      envids, rows = [self._envid(addr, data)], None
+      envids, rows = [self._envid(conn, data)], None
+    elif isinstance(rows, str):
+      return self._refuse(transport, conn, reqnum, rows)
     else:
       rows = [{k: v[i] for k, v in data.items()} for i in range(rows)]
-      envids = [self._envid(addr, row) for row in rows]
-    taken = self._claim(addr, envids)
+      envids = [self._envid(conn, row) for row in rows]
+    taken = self._claim(conn, envids)
     if taken:
-      self.socket.send_error(addr, reqnum, 4, taken)
-      return []
+      return self._refuse(transport, conn, reqnum, taken)
     if rows is None:
-      return [Request(addr, reqnum, data, arrival, envids[0])]
+      return [Request(conn, reqnum, data, arrival, envids[0], transport)]
     group = Group(envids)
-    return [Request(addr, reqnum, row, arrival, envid, group, i)
+    return [Request(conn, reqnum, row, arrival, envid, transport, group, i)
             for i, (row, envid) in enumerate(zip(rows, envids))]
 
-  def _claim(self, addr, envids):
+  def _refuse(self, transport, conn, reqnum, message):
+    self._stats.errors += 1
+    transport.error_reply(conn, reqnum, 4, message)
+    return []
+
+  def _claim(self, conn, envids):
     """Marks the env ids as this connection's; an error message instead if
     another open connection uses one of them."""
-    conns = self.socket.conns
     for envid in envids:
-      owner = self._owner.get(envid, addr)
-      if owner != addr and owner in conns:
+      owner = self._owner.get(envid, conn)
+      if owner != conn and self._is_open(owner):
         return (f'env id {envid} is already used by another connection '
                 f'({owner}); every env needs an id of its own (give each '
                 f'host its own run.envid_offset)')
     for envid in envids:
-      if not isinstance(envid, tuple):  # An id, not the addr stand-in.
-        self._owner[envid] = addr
+      if not isinstance(envid, tuple):  # An id, not the conn stand-in.
+        self._owner[envid] = conn
     return None
 
   def _rows(self, data):
@@ -302,12 +346,11 @@ class BatchServer:
                 f'{rows} rows; {key!r} has shape {list(value.shape)}')
     return rows if rows else 'a multi-env call needs at least one env id'
 
-
-  def _envid(self, addr, data):
+  def _envid(self, conn, data):
     value = data.get(self.envid_key) if self.envid_key else None
     if value is not None and value.shape == () and value.dtype.kind in 'iu':
       return int(value)
-    return addr
+    return conn
 
   # ----------------------------------------------------------- worker side
 
@@ -345,15 +388,14 @@ class BatchServer:
     Scans the queue only after a disconnect, so the hot path stays O(1);
     requests that arrive from a closed connection are dropped on receipt.
     """
-    disconnects = self.socket.disconnects
+    disconnects = sum(t.disconnects for t in self.transports.values())
     if disconnects == self._disconnects:
       return
     self._disconnects = disconnects
-    conns = self.socket.conns
-    for addr in [a for a in self._lane_of if a not in conns]:
-      self._lane_of.pop(addr).addrs.discard(addr)
+    for conn in [c for c in self._lane_of if not self._is_open(c)]:
+      self._lane_of.pop(conn).conns.discard(conn)
     for lane in self.lanes:
-      keep = [r for r in lane.pending if r.addr in conns]
+      keep = [r for r in lane.pending if r.conn in r.transport.conns]
       self._stats.dropped += len(lane.pending) - len(keep)
       lane.pending.clear()
       lane.pending.extend(keep)
@@ -399,9 +441,9 @@ class BatchServer:
   def _reply(self, request, reply):
     """Sends one reply; False if the caller got an error (or nothing)."""
     if isinstance(reply, BaseException):
-      return self.socket.send_error(
-          request.addr, request.reqnum, 4, str(reply) or type(reply).__name__)
-    return self.socket.send_reply(request.addr, request.reqnum, reply)
+      return request.transport.error_reply(
+          request.conn, request.reqnum, 4, str(reply) or type(reply).__name__)
+    return request.transport.reply(request.conn, request.reqnum, reply)
 
   # ---------------------------------------------------------------- helpers
 
@@ -411,7 +453,7 @@ class BatchServer:
       loop(*args)
     except Exception as e:
       traceback.print_exc()
-      self.error = self.error or e
+      self._failed = self._failed or e
       with self._cond:
         self._running = False
         self._cond.notify_all()
@@ -425,7 +467,7 @@ class _Queue:
     self.index = index
     self.cutoff = cutoff
     self.pending = collections.deque()
-    self.addrs = set()
+    self.conns = set()
 
 
 class _Stats:
@@ -476,16 +518,3 @@ class _Stats:
         stats[f'{name}/p{q}'] = float(value)
     return stats
 
-
-def _check_args(args):
-  """None if `args` is [dict of numpy arrays], else what it was instead."""
-  if not isinstance(args, list) or len(args) != 1:
-    count = len(args) if isinstance(args, list) else 0
-    return f'{count} arguments'
-  data = args[0]
-  if not isinstance(data, dict):
-    return type(data).__name__
-  for key, value in data.items():
-    if not isinstance(value, np.ndarray) or value.dtype == object:
-      return f'{type(value).__name__} under key {key!r}'
-  return None

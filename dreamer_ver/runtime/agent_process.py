@@ -26,6 +26,7 @@ from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_env
+from dreamer_ver.rpc import shm
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime import devices
@@ -46,7 +47,8 @@ def build_agent(config):
 
 def build_actor(config, agent, store, counters):
   """The actor with its links to replay and logger, compiled on every
-  policy device, and its (not yet started) batch server."""
+  policy device, and its (not yet started) batch server: TCP for any
+  host, shared memory for env processes on this one."""
   run = config.run
   envs = run.envs + run.eval_envs
   largest = preemption.max_batch(run, envs)
@@ -65,9 +67,11 @@ def build_actor(config, agent, store, counters):
   cutoffs = [
       preemption.make_cutoff(run, envs, actor.buckets, times, len(inference))
       for times in inference]
+  transports = ('tcp',) if run.actor_transport == 'tcp' or not (
+      shm.available()) else ('tcp', 'shm')
   server = BatchServer(
       run.actor_addr, actor.handle, cutoffs, postfn=actor.post,
-      workers=run.actor_threads, name='Actor',
+      workers=run.actor_threads, name='Actor', transports=transports,
       max_msg_size=actor.max_request_bytes(), **server_kwargs(config))
   return actor, server
 
@@ -200,7 +204,7 @@ def failure(learner_errors, server, links):
   socket) and the client links (name -> Client)."""
   if learner_errors:
     return f'the learner raised {learner_errors[0]!r}'
-  error = server.error or server.socket.error
+  error = server.error
   if error is not None:
     return f'the batch server failed: {error!r}'
   for name, client in links.items():

@@ -1,6 +1,8 @@
 """An env process: steps its envs and asks the actor for every action.
 
-It never imports JAX, so it starts fast and stays small. With one env it has
+It never imports JAX, so it starts fast and stays small. It reaches the
+actor through shared memory when both run on this host, else over TCP
+(`run.actor_transport`, `actor_client`). With one env it has
 one request in flight. With several (`run.envs_per_worker`), the envs travel
 in one request per half on one connection, and the halves alternate: one
 half steps while the other waits for its actions (double buffering). The
@@ -13,6 +15,8 @@ import numpy as np
 from portal.client_socket import Disconnected
 
 from dreamer_ver.envs import make_run_env
+from dreamer_ver.rpc import shm
+from dreamer_ver.rpc.addresses import split_addr
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.runtime.process import StopSignal, client_kwargs, peer
 
@@ -29,7 +33,7 @@ def run_envs(config, envids, is_eval=False, stop=None):
   n = len(envs)
   halves = [list(range(n))] if n == 1 else [
       list(range(n // 2)), list(range(n // 2, n))]
-  client = BlockingClient(peer(config.run.actor_addr), **client_kwargs(config))
+  client = actor_client(config, envs[0].act_space)
   client.connect(stop)
   while not stop:
     try:
@@ -66,6 +70,25 @@ def _serve(client, envs, envids, halves, is_eval, stop):
         for row, i in enumerate(half):
           actions[i] = {k: v[row] for k, v in reply.items()}
       pending[h] = ask(half)
+
+
+def actor_client(config, act_space):
+  """The client an env process asks the actor with: a ShmClient when the
+  transport is shm (or auto and the actor's address is loopback), else a
+  BlockingClient over TCP. Both have the same calls."""
+  if uses_shm(config.run):
+    reply = {k: (s.shape, s.dtype) for k, s in act_space.items()}
+    reply['reset'] = ((), bool)
+    return shm.ShmClient(config.run.actor_addr, reply, **client_kwargs(config))
+  return BlockingClient(peer(config.run.actor_addr), **client_kwargs(config))
+
+
+def uses_shm(run):
+  if run.actor_transport != 'auto':
+    return run.actor_transport == 'shm'
+  addr = str(run.actor_addr)
+  return (shm.available() and not callable(peer(addr)) and
+          split_addr(addr)[0] in ('localhost', '127.0.0.1', '::1'))
 
 
 def fleets(run, offset=0):

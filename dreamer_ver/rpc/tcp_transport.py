@@ -1,0 +1,93 @@
+"""The batch server's TCP transport: calls of one method in portal's protocol.
+
+Any host can reach it, and an unmodified `portal.Client` talks to it. Calls
+that cannot be served (a frame that does not decode, another method, an
+argument that is not one dict of numpy arrays) are answered with an error
+here and never reach the batch server. Connection ids are the peers'
+(host, port) tuples.
+"""
+
+import numpy as np
+
+from .server_socket import BadCall, ServerSocket, parse_call
+
+
+class TcpTransport:
+
+  kind = 'tcp'
+
+  def __init__(self, addr, method, name, nodelay=True, **socket_kwargs):
+    self.method = method
+    self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
+    self.refused = 0  # calls answered with an error before queueing
+
+  @property
+  def conns(self):
+    return self.socket.conns
+
+  @property
+  def disconnects(self):
+    return self.socket.disconnects
+
+  @property
+  def error(self):
+    return self.socket.error
+
+  def receive(self, timeout):
+    """The calls received within `timeout` seconds: (conn, reqnum, data)."""
+    try:
+      messages = [self.socket.recv(timeout=timeout)]
+    except TimeoutError:
+      return []
+    while len(messages) < 256:  # Drain a burst.
+      try:
+        messages.append(self.socket.recv(timeout=0))
+      except TimeoutError:
+        break
+    calls = [self._decode(addr, msg) for addr, msg in messages]
+    return [call for call in calls if call is not None]
+
+  def reply(self, conn, reqnum, value):
+    return self.socket.send_reply(conn, reqnum, value)
+
+  def error_reply(self, conn, reqnum, status, message):
+    return self.socket.send_error(conn, reqnum, status, message)
+
+  def shutdown(self):
+    self.socket.shutdown()
+
+  def close(self, timeout):
+    self.socket.close(timeout)
+
+  def _decode(self, addr, msg):
+    try:
+      reqnum, name, args = parse_call(msg)
+    except BadCall as e:
+      return self._refuse(addr, e.reqnum, e.status, str(e))
+    if name != self.method:
+      return self._refuse(addr, reqnum, 3, f'Unknown method {name}')
+    problem = _check_args(args)
+    if problem:
+      return self._refuse(addr, reqnum, 4, (
+          f'{self.method}() expects one argument, a dict of numpy arrays; '
+          f'got {problem}'))
+    return addr, reqnum, args[0]
+
+  def _refuse(self, addr, reqnum, status, message):
+    self.refused += 1
+    self.socket.send_error(addr, reqnum, status, message)
+    return None
+
+
+def _check_args(args):
+  """None if `args` is [dict of numpy arrays], else what it was instead."""
+  if not isinstance(args, list) or len(args) != 1:
+    count = len(args) if isinstance(args, list) else 0
+    return f'{count} arguments'
+  data = args[0]
+  if not isinstance(data, dict):
+    return type(data).__name__
+  for key, value in data.items():
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+      return f'{type(value).__name__} under key {key!r}'
+  return None

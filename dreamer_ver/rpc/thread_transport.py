@@ -1,0 +1,145 @@
+"""The batch server's in-process transport: callers in the server's own
+process (tests, notebooks, a user's own loop), without sockets or copies.
+
+A `ThreadClient` hands its dict of numpy arrays to the server without a copy
+(do not write to the arrays until the reply came) and gets a Future for the
+reply: the value, RuntimeError with the server's message for an error, or
+portal's Disconnected when the client or the server closed first.
+"""
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+from portal.client_socket import Disconnected
+
+
+class ThreadTransport:
+
+  kind = 'thread'
+
+  def __init__(self, method):
+    self.method = method
+    self.conns = set()
+    self.disconnects = 0
+    self.error = None
+    self.refused = 0
+    self._calls = queue.SimpleQueue()
+    self._futures = {}  # (conn, reqnum) -> the caller's Future
+    self._ids = itertools.count()
+    self._reqnums = itertools.count()
+    self._lock = threading.Lock()
+    self._closed = False
+
+  def client(self):
+    with self._lock:
+      if self._closed:
+        raise Disconnected('the server is closed')
+      conn = ('thread', next(self._ids))
+      self.conns.add(conn)
+    return ThreadClient(self, conn)
+
+  def submit(self, conn, data):
+    future = Future()
+    reqnum = next(self._reqnums)
+    with self._lock:
+      if conn not in self.conns:
+        raise Disconnected('the client or the server is closed')
+      self._futures[conn, reqnum] = future
+    self._calls.put((conn, reqnum, data))
+    return future
+
+  def receive(self, timeout):
+    try:
+      calls = [self._calls.get(timeout=timeout)]
+    except queue.Empty:
+      return []
+    while len(calls) < 256:
+      try:
+        calls.append(self._calls.get_nowait())
+      except queue.Empty:
+        break
+    return [call for call in calls if self._valid(*call)]
+
+  def reply(self, conn, reqnum, value):
+    future = self._pop(conn, reqnum)
+    if future is None:
+      return False
+    future.set_result(value)
+    return True
+
+  def error_reply(self, conn, reqnum, status, message):
+    future = self._pop(conn, reqnum)
+    if future is not None:
+      future.set_exception(RuntimeError(message))
+    return False
+
+  def disconnect(self, conn):
+    with self._lock:
+      if conn not in self.conns:
+        return
+      self.conns.discard(conn)
+      self.disconnects += 1
+      futures = [self._futures.pop(k) for k in list(self._futures)
+                 if k[0] == conn]
+    for future in futures:
+      future.set_exception(Disconnected('the client closed'))
+
+  def shutdown(self):
+    with self._lock:
+      self._closed = True
+
+  def close(self, timeout):
+    del timeout
+    with self._lock:
+      self._closed = True
+      conns = list(self.conns)
+    for conn in conns:
+      self.disconnect(conn)
+
+  def _pop(self, conn, reqnum):
+    with self._lock:
+      return self._futures.pop((conn, reqnum), None)
+
+  def _valid(self, conn, reqnum, data):
+    if isinstance(data, dict) and all(
+        isinstance(v, np.ndarray) and v.dtype != object
+        for v in data.values()):
+      return True
+    self.refused += 1
+    self.error_reply(conn, reqnum, 4, (
+        f'{self.method}() expects a dict of numeric numpy arrays; got '
+        f'{type(data).__name__}'))
+    return False
+
+
+class ThreadClient:
+  """An in-process caller of a BatchServer (`BatchServer.client()`)."""
+
+  def __init__(self, transport, conn):
+    self.transport = transport
+    self.conn = conn
+
+  def submit(self, data):
+    """Queues a call (a dict of arrays; numpy scalars and lists become
+    arrays, arrays are not copied); returns a Future of its reply."""
+    if isinstance(data, dict):
+      data = {k: np.asarray(v) for k, v in data.items()}
+    return self.transport.submit(self.conn, data)
+
+  def call(self, data, timeout=None):
+    """Waits for the reply to one call."""
+    return self.submit(data).result(timeout)
+
+  def close(self):
+    """Leaves the server: the env ids of this client are free again and
+    its calls still waiting fail with Disconnected."""
+    self.transport.disconnect(self.conn)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

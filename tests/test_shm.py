@@ -1,0 +1,210 @@
+"""The shared-memory transport's own contract (`rpc/shm.py`): what a bad or
+dying client can and cannot do to the server and to everyone else.
+
+The transport-independent behaviour (routing by value, cutoffs, errors,
+env-id ownership, lanes) runs on every transport in test_batch_server.py.
+"""
+
+import contextlib
+import json
+import mmap
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from dreamer_ver.actor import preemption
+from dreamer_ver.rpc import shm
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.batch_server import BatchServer
+
+TIMEOUT = 10.0
+SPACE = {'y': ((2,), np.int64)}
+
+
+class Recorder:
+  """Doubles x and remembers every x it was given."""
+
+  def __init__(self):
+    self.seen = []
+
+  def __call__(self, requests):
+    self.seen.extend(np.array(r.data['x']) for r in requests)
+    return [{'y': r.data['x'] * 2} for r in requests], None
+
+
+@contextlib.contextmanager
+def serving(handler, **kwargs):
+  addr = f'127.0.0.1:{free_port()}'
+  server = BatchServer(addr, handler, preemption.Fixed(1),
+                       transports=('shm',), **kwargs).start()
+  try:
+    yield server, addr
+  finally:
+    server.close(timeout=TIMEOUT)
+
+
+def client(addr, space=SPACE, handshake='portal_handshake'):
+  """A ShmClient and whether it connected within 2 s."""
+  c = shm.ShmClient(addr, space, handshake)
+  give_up = threading.Event()
+  timer = threading.Timer(2.0, give_up.set)
+  timer.start()
+  try:
+    return c, c.connect(give_up)
+  finally:
+    timer.cancel()
+
+
+def call(c, x, envid):
+  return c.call('act', {'x': np.asarray(x, np.int64), 'envid': np.int64(envid)})
+
+
+def wait_until(predicate, timeout=TIMEOUT):
+  event = threading.Event()
+  for _ in range(int(timeout / 0.01)):
+    if predicate():
+      return
+    event.wait(0.01)
+  raise TimeoutError('condition not reached')
+
+
+def test_a_wrong_token_is_refused_and_others_are_served():
+  with serving(Recorder(), handshake='dreamer_ver:secret') as (server, addr):
+    intruder, connected = client(addr, handshake='dreamer_ver:guess')
+    assert not connected
+    good, connected = client(addr, handshake='dreamer_ver:secret')
+    assert connected
+    np.testing.assert_array_equal(call(good, [1, 2], 0)['y'], [2, 4])
+    good.close()
+
+
+def _dies_mid_write(addr, ready):
+  c, connected = client(addr)
+  assert connected
+  call(c, [3, 4], 7)  # A served call, then a write that is never sent.
+  slot = next(s for slots in c._free.values() for s in slots)
+  slot.request['x'][0] = -999
+  ready.set()
+  signal.pause()
+
+
+def test_a_client_killed_mid_write_hands_nothing_over_and_frees_its_id():
+  handler = Recorder()
+  with serving(handler) as (server, addr):
+    ctx = multiprocessing.get_context('spawn')
+    ready = ctx.Event()
+    proc = ctx.Process(target=_dies_mid_write, args=(addr, ready), daemon=True)
+    proc.start()
+    try:
+      assert ready.wait(60)
+      assert len(server.connections) == 1
+      os.kill(proc.pid, signal.SIGKILL)
+      proc.join(TIMEOUT)
+      wait_until(lambda: not server.connections)
+    finally:
+      proc.kill()
+    assert [list(x) for x in handler.seen] == [[3, 4]]
+    # Its env id is free for the restarted worker.
+    again, _ = client(addr)
+    np.testing.assert_array_equal(call(again, [5, 6], 7)['y'], [10, 12])
+    again.close()
+  assert server.error is None
+
+
+def raw(addr, handshake=b'portal_handshake'):
+  sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  sock.settimeout(TIMEOUT)
+  sock.connect(shm.endpoint(addr))
+  sock.send(b'H' + handshake)
+  assert sock.recv(16) == b'A'
+  return sock
+
+
+def attach(sock, layout, sealed=True, size=4096, method='act'):
+  fd = os.memfd_create('test', os.MFD_ALLOW_SEALING)
+  try:
+    os.ftruncate(fd, size)
+    if sealed:
+      import fcntl
+      fcntl.fcntl(fd, fcntl.F_ADD_SEALS, shm._SEALS)
+    spec = json.dumps({'method': method, **layout}).encode()
+    socket.send_fds(sock, [b'S' + shm._SLOT.pack(0) + spec], [fd])
+    return sock.recv(4096), mmap.mmap(fd, size)
+  finally:
+    os.close(fd)
+
+
+LAYOUT = {'request': [['x', [2], '<i8'], ['envid', [], '<i8']],
+          'reply': [['y', [2], '<i8']]}
+
+
+@pytest.mark.parametrize('case, answer', [
+    (dict(sealed=False), b'the memory must be sealed'),
+    (dict(size=8), b'the memory is smaller than its layout'),
+    (dict(method='nope'), b'Unknown method nope'),
+    (dict(layout={'request': [['x', [2], '|O']], 'reply': []}),
+     b'is not a plain number'),
+])
+def test_bad_slots_are_refused_with_a_reason(case, answer):
+  with serving(Recorder()) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      got, _ = attach(sock, **{'layout': LAYOUT, **case})
+      assert got[:1] == b'E' and answer in got, got
+      # The connection stays usable: a good slot, then a call.
+      got, _ = attach(sock, LAYOUT)
+      assert got == b'A' + shm._SLOT.pack(0)
+    assert server.error is None
+    assert server.stats()['errors'] == 1
+
+
+def test_a_second_call_in_a_busy_slot_and_garbage_cost_only_the_caller():
+  gate = threading.Event()
+
+  def slow(requests):
+    gate.wait(TIMEOUT)
+    return [{'y': r.data['x'] * 2} for r in requests], None
+
+  with serving(slow) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      assert attach(sock, LAYOUT)[0] == b'A' + shm._SLOT.pack(0)
+      sock.send(shm._CALL.pack(b'R', 0, 1))
+      sock.send(shm._CALL.pack(b'R', 0, 2))  # Same slot, still in flight.
+      reply = sock.recv(4096)
+      assert shm._REPLY.unpack(reply[:17])[1:] == (2, 4)
+      assert b'in flight' in reply
+      sock.send(shm._CALL.pack(b'R', 9, 3))  # No such slot.
+      assert b'no such slot' in sock.recv(4096)
+      gate.set()
+      assert shm._REPLY.unpack(sock.recv(4096)[:17])[1:] == (1, 0)
+      sock.send(b'?garbage')  # Not the protocol: only this link closes.
+      assert sock.recv(4096) == b''
+    good, _ = client(addr)
+    np.testing.assert_array_equal(call(good, [1, 1], 1)['y'], [2, 2])
+    good.close()
+    assert server.error is None
+
+
+def test_a_reply_that_does_not_fit_the_slot_is_an_error_for_its_caller():
+  with serving(Recorder()) as (server, addr):
+    wrong, _ = client(addr, space={'y': ((3,), np.int64)})
+    with pytest.raises(RuntimeError, match="reply key 'y'"):
+      call(wrong, [1, 2], 0)
+    wrong.close()
+    right, _ = client(addr)
+    np.testing.assert_array_equal(call(right, [1, 2], 0)['y'], [2, 4])
+    right.close()
+
+
+def test_env_processes_use_shm_only_for_an_actor_on_loopback():
+  from types import SimpleNamespace as Run
+  from dreamer_ver.runtime.env_worker import uses_shm
+  assert uses_shm(Run(actor_transport='auto', actor_addr='localhost:5000'))
+  assert uses_shm(Run(actor_transport='auto', actor_addr='127.0.0.1:5000'))
+  assert not uses_shm(Run(actor_transport='auto', actor_addr='10.0.0.7:5000'))
+  assert not uses_shm(Run(actor_transport='tcp', actor_addr='localhost:5000'))
+  assert uses_shm(Run(actor_transport='shm', actor_addr='10.0.0.7:5000'))
