@@ -64,18 +64,19 @@ def _fleet_config(port, envs):
       'env.synthetic.length': 25})
 
 
-@pytest.mark.parametrize('per_worker,lanes,cutoff', [
-    (1, 1, 'preempt'), (3, 1, 'ver'), (1, 2, 'ver'), (3, 2, 'preempt')])
+@pytest.mark.parametrize('per_worker,lanes,cutoff,transport', [
+    (1, 1, 'preempt', 'tcp'), (3, 1, 'ver', 'shm'), (1, 2, 'ver', 'tcp'),
+    (3, 2, 'preempt', 'shm'), (1, 1, 'ver', 'shm')])
 def test_carries_follow_their_env_across_varying_batches(
-    per_worker, lanes, cutoff):
+    per_worker, lanes, cutoff, transport):
   """Also with several envs per worker process, whose requests carry one
   row per env and are split into rows for the batch server (double
   buffered), and with several lanes (policy devices; here two on the one
   CPU device), each with its own carry table and cutoff; under both
-  production cutoffs."""
+  production cutoffs; env processes over TCP and over shared memory."""
   envs, port = 6, free_port()
-  config = configlib.override(
-      _fleet_config(port, envs), {'run.actor_cutoff': cutoff})
+  config = configlib.override(_fleet_config(port, envs), {
+      'run.actor_cutoff': cutoff, 'run.actor_transport': transport})
   env = make_env(config.task, config.env)
   agent = CounterAgent(env.obs_space)
   params = {'enc': {}, 'dyn': {}, 'pol': {}}
@@ -94,7 +95,7 @@ def test_carries_follow_their_env_across_varying_batches(
       f'127.0.0.1:{port}', handle,
       [preemption.make_cutoff(config.run, envs, actor.buckets, lanes=lanes)
        for _ in range(lanes)],
-      postfn=actor.post, name='TestActor')
+      postfn=actor.post, name='TestActor', transports=(transport,))
   server.start()
   ctx = multiprocessing.get_context('spawn')
   groups = [list(range(i, i + per_worker)) for i in range(0, envs, per_worker)]
