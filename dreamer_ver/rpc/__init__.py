@@ -16,6 +16,7 @@ portal's servers.
   shm              shared-memory slots for callers on the server's host
                    (ShmClient), a 13-byte message per call
   thread_transport in-process callers (ThreadClient, `BatchServer.client()`)
+  batch_stats      what the batch server counts between two stats() calls
   client         Client: futures, bounded in-flight calls, reconnect and
                  resend (portal.Client's socket thread can busy-poll)
   blocking_client  BlockingClient: no thread at all, for env processes

@@ -57,12 +57,11 @@ import traceback
 
 import numpy as np
 
+from .batch_stats import Stats
 from .shm import ShmTransport
 from .tcp_transport import TcpTransport
 from .thread_transport import ThreadTransport
 
-# Recent samples kept for the percentiles between two stats() calls.
-_SAMPLES = 65536
 _FAILED = object()  # the context of a batch whose handler raised
 
 
@@ -171,7 +170,7 @@ class BatchServer:
     self._lane_of = {}  # conn -> the _Queue serving that connection
     self._owner = {}  # env id -> conn of the connection that uses it
     self._disconnects = 0  # disconnects when the queues were last pruned
-    self._stats = _Stats()
+    self._stats = Stats()
     self._refused = 0  # the transports' refused calls at the last stats()
     self._running = False
     self._started = False
@@ -246,7 +245,7 @@ class BatchServer:
   def stats(self):
     """Counters and percentiles since the last call (which they reset)."""
     with self._cond:
-      stats, self._stats = self._stats, _Stats()
+      stats, self._stats = self._stats, Stats()
       refused = sum(t.refused for t in self.transports.values())
       stats.errors += refused - self._refused
       self._refused = refused
@@ -267,11 +266,13 @@ class BatchServer:
         continue
       with self._cond:
         for conn, reqnum, data in calls:
-          self._stats.requests += 1
-          if conn not in transport.conns:
+          if conn not in transport.conns:  # It left after sending.
+            self._stats.requests += 1
             self._stats.dropped += 1
             continue
-          for request in self._requests(transport, conn, reqnum, data):
+          requests = self._requests(transport, conn, reqnum, data)
+          self._stats.requests += len(requests)
+          for request in requests:
             lane = self._route(request.conn)
             request.lane = lane.index
             lane.pending.append(request)
@@ -468,53 +469,3 @@ class _Queue:
     self.cutoff = cutoff
     self.pending = collections.deque()
     self.conns = set()
-
-
-class _Stats:
-
-  def __init__(self):
-    self.requests = 0
-    self.batches = 0
-    self.sizes = collections.Counter()
-    self.cuts = collections.Counter()
-    self.waits = collections.deque(maxlen=_SAMPLES)
-    self.latencies = collections.deque(maxlen=_SAMPLES)
-    self.inference = 0.0
-    self.dropped = 0
-    self.errors = 0
-    self.postfn_errors = 0
-
-  def cut(self, reason, waits):
-    self.cuts[reason] += 1
-    self.waits.extend(waits)
-
-  def served(self, batch, sent, inference, errors):
-    self.batches += 1
-    self.sizes[len(batch)] += 1
-    self.latencies.extend(t - r.arrival for r, t in zip(batch, sent))
-    self.inference += inference
-    self.errors += errors
-
-  def result(self, pending):
-    total = sum(size * count for size, count in self.sizes.items())
-    stats = {
-        'requests': self.requests,
-        'batches': self.batches,
-        'batch_size_mean': total / self.batches if self.batches else 0.0,
-        'batch_size_max': max(self.sizes, default=0),
-        'batch_sizes': dict(sorted(self.sizes.items())),
-        'inference_ms_mean': (
-            1000 * self.inference / self.batches if self.batches else 0.0),
-        'dropped': self.dropped,
-        'errors': self.errors,
-        'postfn_errors': self.postfn_errors,
-        'pending': pending,
-    }
-    stats.update({f'cut/{k}': v for k, v in sorted(self.cuts.items())})
-    for name, values in (('queue_wait_ms', self.waits),
-                         ('latency_ms', self.latencies)):
-      for q in (50, 95, 99):
-        value = np.percentile(values, q) * 1000 if values else 0.0
-        stats[f'{name}/p{q}'] = float(value)
-    return stats
-

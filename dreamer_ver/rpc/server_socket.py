@@ -47,6 +47,20 @@ def parse_call(msg):
   return reqnum, name, args
 
 
+def check_args(args):
+  """None if `args` is [dict of numpy arrays], else what it was instead."""
+  if not isinstance(args, list) or len(args) != 1:
+    count = len(args) if isinstance(args, list) else 0
+    return f'{count} arguments'
+  data = args[0]
+  if not isinstance(data, dict):
+    return type(data).__name__
+  for key, value in data.items():
+    if not isinstance(value, np.ndarray) or value.dtype == object:
+      return f'{type(value).__name__} under key {key!r}'
+  return None
+
+
 class ServerSocket(portal.ServerSocket):
   """portal's ServerSocket, where a misbehaving peer only loses itself.
 

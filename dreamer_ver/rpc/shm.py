@@ -56,7 +56,8 @@ from .addresses import HANDSHAKE, split_addr
 _CALL = struct.Struct('<cIQ')
 _REPLY = struct.Struct('<cQQ')
 _SLOT = struct.Struct('<I')
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_SEALS = getattr(fcntl, 'F_SEAL_SHRINK', 0) | getattr(
+    fcntl, 'F_SEAL_GROW', 0) | getattr(fcntl, 'F_SEAL_SEAL', 0)  # Linux
 _ALIGN = 64
 _DTYPE_KINDS = 'biuf'  # bool, signed and unsigned ints, floats
 
@@ -68,7 +69,8 @@ def endpoint(addr):
 
 
 def available():
-  return hasattr(os, 'memfd_create') and hasattr(socket, 'AF_UNIX')
+  """Whether this platform has what the transport needs (Linux does)."""
+  return hasattr(os, 'memfd_create') and hasattr(fcntl, 'F_ADD_SEALS')
 
 
 class ShmTransport:

@@ -7,9 +7,7 @@ here and never reach the batch server. Connection ids are the peers'
 (host, port) tuples.
 """
 
-import numpy as np
-
-from .server_socket import BadCall, ServerSocket, parse_call
+from .server_socket import BadCall, ServerSocket, check_args, parse_call
 
 
 class TcpTransport:
@@ -66,7 +64,7 @@ class TcpTransport:
       return self._refuse(addr, e.reqnum, e.status, str(e))
     if name != self.method:
       return self._refuse(addr, reqnum, 3, f'Unknown method {name}')
-    problem = _check_args(args)
+    problem = check_args(args)
     if problem:
       return self._refuse(addr, reqnum, 4, (
           f'{self.method}() expects one argument, a dict of numpy arrays; '
@@ -78,16 +76,3 @@ class TcpTransport:
     self.socket.send_error(addr, reqnum, status, message)
     return None
 
-
-def _check_args(args):
-  """None if `args` is [dict of numpy arrays], else what it was instead."""
-  if not isinstance(args, list) or len(args) != 1:
-    count = len(args) if isinstance(args, list) else 0
-    return f'{count} arguments'
-  data = args[0]
-  if not isinstance(data, dict):
-    return type(data).__name__
-  for key, value in data.items():
-    if not isinstance(value, np.ndarray) or value.dtype == object:
-      return f'{type(value).__name__} under key {key!r}'
-  return None

@@ -15,6 +15,8 @@ from concurrent.futures import Future
 import numpy as np
 from portal.client_socket import Disconnected
 
+from .server_socket import check_args
+
 
 class ThreadTransport:
 
@@ -104,14 +106,12 @@ class ThreadTransport:
       return self._futures.pop((conn, reqnum), None)
 
   def _valid(self, conn, reqnum, data):
-    if isinstance(data, dict) and all(
-        isinstance(v, np.ndarray) and v.dtype != object
-        for v in data.values()):
+    problem = check_args([data])
+    if problem is None:
       return True
     self.refused += 1
     self.error_reply(conn, reqnum, 4, (
-        f'{self.method}() expects a dict of numeric numpy arrays; got '
-        f'{type(data).__name__}'))
+        f'{self.method}() expects a dict of numpy arrays; got {problem}'))
     return False
 
 
