@@ -161,11 +161,14 @@ def test_make_cutoff_modes():
                     ('preempt', preemption.Preempt)]:
     run = configlib.override(cfg, {'run.actor_cutoff': mode}).run
     assert isinstance(preemption.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
-  fixed = preemption.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
-  assert isinstance(fixed, preemption.Preempt)  # the default
-  assert fixed.min_batch == 3 and fixed.max_batch == 5
-  assert fixed.forget == cfg.run.env_timeout == 5.0
-  run = configlib.override(cfg, {'run.env_timeout': 0.5}).run
+  default = preemption.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
+  assert isinstance(default, preemption.VER)
+  assert default.min_batch == 3 and default.max_batch == 5
+  assert default.max_wait == cfg.run.actor_max_wait
+  run = configlib.override(cfg, {'run.actor_cutoff': 'preempt'}).run
+  assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 5.0
+  run = configlib.override(cfg, {'run.actor_cutoff': 'preempt',
+                                 'run.env_timeout': 0.5}).run
   assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5
 
 

@@ -10,24 +10,18 @@ and slots; the batch server routes each connection to one lane
 (`Request.lane`), so an env's carry stays on one device.
 """
 
-import collections
 import itertools
 import time
 
 import jax
 import numpy as np
 
-from dreamer_ver.actor.carries import CarryFull, CarryLane
+from dreamer_ver.actor.carries import CarryLane, table_step
+from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
 
-META_KEYS = ('envid', 'is_eval')
-MAX_ENVID = 2 ** 31 - 1
-
-
-class RequestError(ValueError):
-  """A request that does not match the observation space."""
-
+META_KEYS = ('is_eval',)
 
 class Actor:
   """`handle` and `post` are the batch server's handler and postfn. One
@@ -50,7 +44,7 @@ class Actor:
     self._batch_numbers = itertools.count()  # one PRNG stream per batch
     self.shipper = Shipper(replay, logger)
     self.version = 0  # params version of the latest batch
-    self._step = jax.jit(self._step_fn, donate_argnums=(1,))
+    self._step = jax.jit(table_step(self._policy_step), donate_argnums=(0,))
 
   # ------------------------------------------------------------- compile
 
@@ -78,29 +72,8 @@ class Actor:
   def handle(self, requests):
     """Batch server handler: (one reply or exception per request, in order;
     the transitions for `post`, or None when no request was valid)."""
-    replies = [None] * len(requests)
-    valid = []
-    for i, request in enumerate(requests):
-      try:
-        self._check(request.data)
-        valid.append(i)
-      except RequestError as e:
-        replies[i] = e
-    envids = [int(requests[i].data['envid']) for i in valid]
-    for envid in [e for e, n in collections.Counter(envids).items() if n > 1]:
-      for i in valid:
-        if int(requests[i].data['envid']) == envid:
-          replies[i] = RequestError(
-              f'env id {envid} sent several requests in one batch; each env '
-              'may only have one request in flight')
     lane = self.lanes[requests[0].lane]  # A batch is cut from one lane.
-    with lane.lock:
-      for i in [i for i in valid if replies[i] is None]:
-        try:
-          lane.slot(int(requests[i].data['envid']))
-        except CarryFull as e:
-          replies[i] = RequestError(str(e))
-    valid = [i for i in valid if replies[i] is None]
+    replies, valid = admit(requests, self.obs_space, lane, META_KEYS)
     if not valid:
       return replies, None
     datas = [requests[i].data for i in valid]
@@ -122,12 +95,8 @@ class Actor:
     Returns the transitions of those rows: obs, actions, latents, envid,
     is_eval and the params version that acted."""
     n = len(datas)
-    size = self._bucket(n)
-    obs = {}
-    for key, space in self.obs_space.items():
-      buf = np.zeros((size, *space.shape), space.dtype)
-      buf[:n] = [d[key] for d in datas]
-      obs[key] = buf
+    size = bucket_of(self.buckets, n)
+    obs = stack_rows(datas, self.obs_space, size)
     envids = np.array([int(d['envid']) for d in datas], np.int64)
     lane = self.lanes[lane]
     with lane.lock:
@@ -153,7 +122,7 @@ class Actor:
     actions and outputs on the device; the caller holds `lane.lock` if
     other threads serve the lane."""
     lane.table, acts, outs = self._step(
-        policy_params(params), lane.table, slots, obs, key)
+        lane.table, slots, policy_params(params), obs, key)
     return acts, outs
 
   def max_request_bytes(self, margin=1 << 20):
@@ -165,42 +134,8 @@ class Actor:
 
   # -------------------------------------------------------------- helpers
 
-  def _step_fn(self, params, table, slots, obs, key):
-    carry = jax.tree.map(lambda x: x[slots], table)
-    carry, acts, outs = self.agent.policy_step(params, carry, obs, key, self.mode)
-    table = jax.tree.map(lambda t, c: t.at[slots].set(c), table, carry)
-    return table, acts, outs
-
-  def _bucket(self, n):
-    for size in self.buckets:
-      if size >= n:
-        return size
-    raise RequestError(f'batch of {n} exceeds the largest bucket {self.buckets[-1]}')
-
-  def _check(self, data):
-    if not isinstance(data, dict):
-      raise RequestError(f'request must be a dict of arrays, got {type(data).__name__}')
-    expected = set(self.obs_space) | {'envid'}
-    keys = {k for k in data if not k.startswith('log/')}
-    missing = sorted(expected - keys)
-    extra = sorted(keys - expected - set(META_KEYS))
-    if missing:
-      raise RequestError(f'missing key {missing[0]!r} (expected keys: {sorted(expected)})')
-    if extra:
-      raise RequestError(f'unexpected key {extra[0]!r} (expected keys: {sorted(expected)})')
-    envid = np.asarray(data['envid'])
-    if envid.shape != () or not np.issubdtype(envid.dtype, np.integer):
-      raise RequestError(f'envid must be an integer scalar, got {envid.dtype}{list(envid.shape)}')
-    if not 0 <= int(envid) <= MAX_ENVID:
-      raise RequestError(f'envid must be in [0, {MAX_ENVID}], got {int(envid)}')
-    for key, space in self.obs_space.items():
-      value = np.asarray(data[key])
-      if value.shape != space.shape or value.dtype != space.dtype:
-        raise RequestError(
-            f'key {key!r}: expected {space.dtype}{list(space.shape)}, '
-            f'got {value.dtype}{list(value.shape)}')
-      if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
-        raise RequestError(f'key {key!r}: values must be finite')
+  def _policy_step(self, carry, params, obs, key):
+    return self.agent.policy_step(params, carry, obs, key, self.mode)
 
 
 def _log_keys(datas):

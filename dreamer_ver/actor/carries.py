@@ -11,6 +11,22 @@ import threading
 import jax
 
 
+def table_step(step):
+  """Turns `step(carry, *args) -> (carry, *outs)` on a batch of carries into
+  `(table, slots, *args) -> (table, *outs)`: gathers the rows at `slots`,
+  steps, and scatters the new carries back (jit it with the table donated).
+  Padding rows all point at the spare last row, so they never touch a
+  real env's carry."""
+
+  def stepped(table, slots, *args):
+    carry = jax.tree.map(lambda x: x[slots], table)
+    carry, *outs = step(carry, *args)
+    table = jax.tree.map(lambda t, c: t.at[slots].set(c), table, carry)
+    return (table, *outs)
+
+  return stepped
+
+
 class CarryFull(ValueError):
   """A new env id found no free carry slot: serving it would hand it the
   carry of another env that may still be running."""

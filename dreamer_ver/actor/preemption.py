@@ -375,6 +375,11 @@ def bucket_sizes(run, largest):
   powers of two; always up to `largest`."""
   if list(run.actor_buckets) != [0]:
     return sorted(set(list(run.actor_buckets) + [largest]))
+  return powers_of_two(largest)
+
+
+def powers_of_two(largest):
+  """1, 2, 4, ... below `largest`, then `largest`: the default buckets."""
   sizes, size = [], 1
   while size < largest:
     sizes.append(size)

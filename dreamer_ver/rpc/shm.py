@@ -301,8 +301,9 @@ class ShmClient:
     self.reqnums = itertools.count()
     self._reset()
 
-  def connect(self, stop, retry=0.1):
-    """Retries until connected; False if `stop` was set first."""
+  def connect(self, stop=None, retry=0.1):
+    """Retries until connected; False if `stop` (an Event) was set first."""
+    stop = stop or threading.Event()
     self.close()
     while not stop.is_set():
       sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

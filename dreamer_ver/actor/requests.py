@@ -1,0 +1,109 @@
+"""What a policy server accepts, and how rows become one padded batch.
+
+Shared by the DreamerV3 actor (`actor.py`) and the generic batched policy
+(`batched_policy.py`). A request is a dict of arrays: one observation per
+key of the spec, an integer `envid` scalar when the server keeps per-env
+carries, any of `meta` keys, and any number of `log/...` keys. Everything
+else is refused with a `RequestError` naming the key, so the one caller
+that sent it learns what is wrong.
+"""
+
+import collections
+
+import numpy as np
+
+from dreamer_ver.actor.carries import CarryFull
+
+MAX_ENVID = 2 ** 31 - 1
+
+
+class RequestError(ValueError):
+  """A request that does not match the observation space."""
+
+
+def check_request(data, spec, envid=True, meta=()):
+  """Raises RequestError unless `data` fits `spec` (key -> an object with
+  `.shape` and `.dtype`): those keys, `envid` if asked for, `meta` keys and
+  `log/` keys; floats finite."""
+  if not isinstance(data, dict):
+    raise RequestError(
+        f'request must be a dict of arrays, got {type(data).__name__}')
+  expected = set(spec) | ({'envid'} if envid else set())
+  keys = {k for k in data if not k.startswith('log/')}
+  missing = sorted(expected - keys)
+  extra = sorted(keys - expected - set(meta))
+  if missing:
+    raise RequestError(
+        f'missing key {missing[0]!r} (expected keys: {sorted(expected)})')
+  if extra:
+    raise RequestError(
+        f'unexpected key {extra[0]!r} (expected keys: {sorted(expected)})')
+  if envid:
+    value = np.asarray(data['envid'])
+    if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+      raise RequestError(
+          'envid must be an integer scalar, got '
+          f'{value.dtype}{list(value.shape)}')
+    if not 0 <= int(value) <= MAX_ENVID:
+      raise RequestError(
+          f'envid must be in [0, {MAX_ENVID}], got {int(value)}')
+  for key, space in spec.items():
+    value = np.asarray(data[key])
+    if value.shape != tuple(space.shape) or value.dtype != space.dtype:
+      raise RequestError(
+          f'key {key!r}: expected {np.dtype(space.dtype)}'
+          f'{list(space.shape)}, got {value.dtype}{list(value.shape)}')
+    if np.issubdtype(value.dtype, np.floating) and not np.isfinite(
+        value).all():
+      raise RequestError(f'key {key!r}: values must be finite')
+
+
+def admit(requests, spec, lane=None, meta=()):
+  """Checks a batch's requests (`.data` dicts) against `spec`: returns one
+  RequestError or None per request, and the indices of the valid ones.
+  With a carry `lane`, every valid request needs an env id of its own in
+  the batch and a carry slot of that lane (given out here)."""
+  errors = [None] * len(requests)
+  for i, request in enumerate(requests):
+    try:
+      check_request(request.data, spec, lane is not None, meta)
+    except RequestError as e:
+      errors[i] = e
+  if lane is not None:
+    rows = collections.defaultdict(list)
+    for i, request in enumerate(requests):
+      if errors[i] is None:
+        rows[int(request.data['envid'])].append(i)
+    for envid, indices in rows.items():
+      if len(indices) > 1:
+        for i in indices:
+          errors[i] = RequestError(
+              f'env id {envid} sent several requests in one batch; each env '
+              'may only have one request in flight')
+        continue
+      try:
+        with lane.lock:
+          lane.slot(envid)
+      except CarryFull as e:
+        errors[indices[0]] = RequestError(str(e))
+  return errors, [i for i, e in enumerate(errors) if e is None]
+
+
+def bucket_of(buckets, count):
+  """The smallest of the sorted `buckets` that holds `count` rows."""
+  for size in buckets:
+    if size >= count:
+      return size
+  raise RequestError(
+      f'batch of {count} exceeds the largest bucket {buckets[-1]}')
+
+
+def stack_rows(datas, spec, size):
+  """One array per key of `spec` with the rows of `datas` first and zero
+  padding up to `size` rows: the one copy into the batch."""
+  batch = {}
+  for key, space in spec.items():
+    buf = np.zeros((size, *space.shape), space.dtype)
+    buf[:len(datas)] = [d[key] for d in datas]
+    batch[key] = buf
+  return batch

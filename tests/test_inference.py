@@ -1,0 +1,157 @@
+"""The library API (`dreamer_ver/inference.py`): any jitted batched policy
+served to many callers, with per-env carries, checked by value.
+
+The carry of each env is a counter and a running sum of what that env sent:
+if any row's carry went to another env, or a padding row wrote into a real
+env's slot, the numbers an env gets back are wrong.
+"""
+
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dreamer_ver.actor import preemption
+from dreamer_ver.inference import InferenceServer
+from dreamer_ver.rpc import ShmClient
+
+TIMEOUT = 20.0
+SPEC = {'x': ((), np.float32), 'is_first': ((), np.bool_)}
+CARRY = {'count': jnp.int32(0), 'total': jnp.float32(0)}
+
+
+def counting(carry, obs):
+  """Counts the calls and sums `x` of each env since its `is_first`."""
+  first = obs['is_first']
+  count = jnp.where(first, 0, carry['count']) + 1
+  total = jnp.where(first, 0.0, carry['total']) + obs['x']
+  carry = {'count': count, 'total': total}
+  return carry, {'count': count, 'total': total, 'double': 2 * obs['x']}
+
+
+def run_env(call, envid, steps, results):
+  """One env: `steps` calls with x = 1000 envid + t, an is_first at t=0
+  and again halfway (the carry resets there)."""
+  half = steps // 2
+  for t in range(steps):
+    x = np.float32(1000 * envid + t)
+    out = call({'x': x, 'is_first': np.bool_(t in (0, half)),
+                'envid': np.int64(envid)})
+    start = 0 if t < half else half
+    expected_total = sum(1000 * envid + s for s in range(start, t + 1))
+    results.append((envid, t, int(out['count']), float(out['total']),
+                    float(out['double']), t - start + 1, expected_total,
+                    2 * float(x)))
+
+
+def check(results, envs, steps):
+  assert len(results) == envs * steps
+  for envid, t, count, total, double, want_count, want_total, want_double in (
+      results):
+    assert (count, total, double) == (want_count, want_total, want_double), (
+        envid, t)
+
+
+def serve_threads(calls, steps):
+  results = []
+  threads = [threading.Thread(target=run_env, args=(call, i, steps, results))
+             for i, call in enumerate(calls)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(TIMEOUT)
+  assert not any(thread.is_alive() for thread in threads)
+  return results
+
+
+@pytest.mark.parametrize('cutoff', ['default', 'fixed'])
+def test_carries_come_back_to_their_env_in_varying_batches(cutoff):
+  """Default: batches of whatever is queued (sizes vary with the threads'
+  timing). Fixed(3) with three envs: every batch is the three envs padded
+  to the bucket of 4, so the padding row runs beside real rows each time."""
+  envs, steps = (6, 20) if cutoff == 'default' else (3, 20)
+  kwargs = {} if cutoff == 'default' else {'cutoff': preemption.Fixed(3)}
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs,
+                           buckets=[1, 2, 4], **kwargs).start()
+  try:
+    clients = [server.client() for _ in range(envs)]
+    results = serve_threads(
+        [lambda data, c=c: c.call(data, TIMEOUT) for c in clients], steps)
+  finally:
+    server.close()
+  check(results, envs, steps)
+  stats = server.stats()
+  assert stats['requests'] == envs * steps
+  if cutoff == 'fixed':
+    assert stats['batch_sizes'] == {3: steps}
+  assert server.error is None
+
+
+def test_shared_memory_clients_get_their_carries():
+  envs, steps = 3, 12
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs,
+                           transports=('shm', 'thread')).start()
+  try:
+    assert server.out_spec == {'count': ((), np.dtype(np.int32)),
+                               'total': ((), np.dtype(np.float32)),
+                               'double': ((), np.dtype(np.float32))}
+    clients = [ShmClient(server.addr, server.out_spec) for _ in range(envs)]
+    for client in clients:
+      stop = threading.Event()
+      timer = threading.Timer(TIMEOUT, stop.set)
+      timer.start()
+      assert client.connect(stop)
+      timer.cancel()
+    results = serve_threads(
+        [lambda data, c=c: c.call('act', data) for c in clients], steps)
+    for client in clients:
+      client.close()
+  finally:
+    server.close()
+  check(results, envs, steps)
+
+
+def test_without_carries_bad_calls_fail_alone():
+  server = InferenceServer(
+      lambda obs: {'y': obs['x'] * 3}, {'x': ((2,), np.float32)},
+      cutoff=preemption.Fixed(3), slots=4).start()
+  try:
+    clients = [server.client() for _ in range(3)]
+    good = clients[0].submit({'x': np.array([1, 2], np.float32)})
+    wrong = clients[1].submit({'x': np.array([1, 2, 3], np.float32)})
+    extra = clients[2].submit({'x': np.zeros(2, np.float32), 'z': 1})
+    np.testing.assert_array_equal(good.result(TIMEOUT)['y'], [3, 6])
+    with pytest.raises(RuntimeError, match=r"key 'x': expected float32\[2\]"):
+      wrong.result(TIMEOUT)
+    with pytest.raises(RuntimeError, match="unexpected key 'z'"):
+      extra.result(TIMEOUT)
+  finally:
+    server.close()
+
+
+def test_a_new_env_without_a_free_slot_is_refused_and_others_go_on():
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=2).start()
+  try:
+    client = server.client()
+
+    def call(envid, x, first=False):
+      return client.call({'x': np.float32(x), 'is_first': np.bool_(first),
+                          'envid': np.int64(envid)}, TIMEOUT)
+
+    assert int(call(0, 5, True)['count']) == 1
+    assert int(call(1, 7, True)['count']) == 1
+    with pytest.raises(RuntimeError, match='all 2 slots'):
+      call(2, 9, True)
+    out = call(0, 6)
+    assert (int(out['count']), float(out['total'])) == (2, 11.0)
+    out = call(1, 1)
+    assert (int(out['count']), float(out['total'])) == (2, 8.0)
+  finally:
+    server.close()
+
+
+def test_a_cutoff_larger_than_the_largest_bucket_is_refused():
+  with pytest.raises(ValueError, match='largest bucket is 4'):
+    InferenceServer(counting, SPEC, carry=CARRY, slots=4,
+                    cutoff=preemption.VER(1, 8))
