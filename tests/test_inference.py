@@ -10,6 +10,7 @@ import threading
 
 import jax.numpy as jnp
 import numpy as np
+import portal
 import pytest
 
 from dreamer_ver.actor import preemption
@@ -108,6 +109,22 @@ def test_shared_memory_clients_get_their_carries():
     for client in clients:
       client.close()
   finally:
+    server.close()
+  check(results, envs, steps)
+
+
+def test_unmodified_portal_clients_get_their_carries():
+  envs, steps = 2, 10
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs,
+                           transports=('tcp',), logging=False).start()
+  clients = [portal.Client(server.addr, logging=False) for _ in range(envs)]
+  try:
+    results = serve_threads(
+        [lambda data, c=c: c.act(data).result(TIMEOUT) for c in clients],
+        steps)
+  finally:
+    for client in clients:
+      client.close()
     server.close()
   check(results, envs, steps)
 
