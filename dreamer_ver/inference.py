@@ -30,7 +30,7 @@ class InferenceServer(BatchServer):
     self.policy = BatchedPolicy(fn, spec, carry, slots, buckets, device)
     if cutoff is None:
       cutoff = preemption.VER(1, self.policy.max_batch)
-    largest = getattr(cutoff, 'max_batch', getattr(cutoff, 'batch', 0))
+    largest = getattr(cutoff, 'max_batch', 0)
     if largest > self.policy.max_batch:
       raise ValueError(
           f'the cutoff cuts batches of up to {largest}, but the largest '

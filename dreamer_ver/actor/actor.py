@@ -23,6 +23,7 @@ from dreamer_ver.agent.agent import policy_params
 
 META_KEYS = ('is_eval',)
 
+
 class Actor:
   """`handle` and `post` are the batch server's handler and postfn. One
   lane per device of `params_store`; `replay` and `logger` are the clients

@@ -6,8 +6,9 @@ per-env carries: the actor's machinery without the DreamerV3 agent.
 
 `fn(obs) -> out` without carries, or `fn(carry, obs) -> (carry, out)` with
 them, takes and returns batches: `obs` a dict of `[B, ...]` arrays shaped
-like `spec` (key -> (shape, dtype) of one env, or a space or array), `out` a dict of `[B, ...]` arrays. A request is one env's dict:
-the keys of `spec` (and `envid`, an integer scalar, when there are carries).
+like `spec` (key -> (shape, dtype) of one env, or a space or array),
+`out` a dict of `[B, ...]` arrays. A request is one env's dict: the keys
+of `spec` (and `envid`, an integer scalar, when there are carries).
 
 Carries: `carry` is one env's initial carry (a pytree of arrays). The table
 of `slots + 1` carries lives on `device`; each env id gets a slot on its
@@ -76,9 +77,8 @@ class BatchedPolicy:
     datas = [requests[i].data for i in valid]
     size = bucket_of(self.buckets, len(datas))
     obs = stack_rows(datas, self.spec, size)
-    slots = []
-    if self.lane is not None:
-      slots = [self.lane.slot_of[int(d['envid'])] for d in datas]
+    slots = [self.lane.slot_of[int(d['envid'])] for d in datas
+             ] if self.lane is not None else []
     out = jax.device_get(self._run(obs, size, slots))
     for row, i in enumerate(valid):
       replies[i] = {k: v[row] for k, v in out.items()}
@@ -110,7 +110,6 @@ class BatchedPolicy:
     if not isinstance(out, dict):
       raise TypeError(f'the policy must return a dict of arrays, got {out}')
     return {k: (tuple(v.shape[1:]), np.dtype(v.dtype)) for k, v in out.items()}
-
 
 
 def _struct(space):

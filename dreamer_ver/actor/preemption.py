@@ -65,6 +65,10 @@ class Fixed(Cutoff):
       raise ValueError(f'batch must be >= 1, got {batch}')
     self.batch = batch
 
+  @property
+  def max_batch(self):
+    return self.batch
+
   def decide(self, pending, now):
     if len(pending) >= self.batch:
       return Cut(self.batch, 'fixed')

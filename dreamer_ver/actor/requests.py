@@ -74,18 +74,18 @@ def admit(requests, spec, lane=None, meta=()):
     for i, request in enumerate(requests):
       if errors[i] is None:
         rows[int(request.data['envid'])].append(i)
-    for envid, indices in rows.items():
-      if len(indices) > 1:
-        for i in indices:
-          errors[i] = RequestError(
-              f'env id {envid} sent several requests in one batch; each env '
-              'may only have one request in flight')
-        continue
-      try:
-        with lane.lock:
+    with lane.lock:
+      for envid, indices in rows.items():
+        if len(indices) > 1:
+          for i in indices:
+            errors[i] = RequestError(
+                f'env id {envid} sent several requests in one batch; each '
+                'env may only have one request in flight')
+          continue
+        try:
           lane.slot(envid)
-      except CarryFull as e:
-        errors[indices[0]] = RequestError(str(e))
+        except CarryFull as e:
+          errors[indices[0]] = RequestError(str(e))
   return errors, [i for i, e in enumerate(errors) if e is None]
 
 
