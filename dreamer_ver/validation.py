@@ -267,9 +267,19 @@ def _devices(c):
   for key in ('jax.policy_devices', 'jax.train_devices'):
     if not all(d >= 0 for d in c[key]):
       yield f'{key} must be device indices >= 0 (got {list(c[key])})'
-  policy = list(c['jax.policy_devices'])
-  if len(set(policy)) != len(policy):
-    yield f'jax.policy_devices names a device twice (got {policy})'
+  for key in ('jax.policy_devices', 'jax.train_devices'):
+    names = list(c[key])
+    if len(set(names)) != len(names):
+      yield f'{key} names a device twice (got {names})'
+  train = len(c['jax.train_devices'])
+  if c['script'] == 'train' and train > 1:
+    yield (f"script 'train' trains on one device (got jax.train_devices "
+           f"{list(c['jax.train_devices'])}); the data-parallel learner runs "
+           f"in the agent process (scripts parallel, parallel_agent and ray)")
+  if c['batch_size'] % train:
+    yield (f"batch_size ({c['batch_size']}) must be a multiple of the "
+           f"number of jax.train_devices ({train}): each trains on an equal "
+           f"share of the rows")
 
 
 def _model(c):

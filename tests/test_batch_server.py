@@ -401,6 +401,39 @@ def test_handler_exception_errors_that_batch_only(transport):
   assert stats['batches'] == 2 + 5
 
 
+@pytest.mark.parametrize('transport', ['thread', 'tcp'])
+def test_postfn_runs_in_cut_order_with_several_workers(transport):
+  """A batch cut first but served slowly still reaches the postfn before a
+  later batch that finished first (an env's transitions are shipped in
+  its step order), and a batch whose handler raised does not hold up the
+  ones after it."""
+  first_running = threading.Event()
+  served, posted = [], []
+
+  def handler(requests):
+    x = int(requests[0].data['x'][0])
+    if x < 0:
+      raise ValueError('bad x')
+    if x == 1:
+      first_running.set()
+      time.sleep(0.3)  # The later batch is served meanwhile.
+    served.append(x)
+    return [{'y': r.data['x'] * 2} for r in requests], x
+
+  with serving(handler, preemption.Fixed(1), postfn=lambda b, x: posted.append(x),
+               workers=2, transports=(transport,)) as (server, addr):
+    with connected(addr, count=2, server=server) as (a, b):
+      slow = a.act({'x': np.array([1])})
+      assert first_running.wait(TIMEOUT)
+      assert np.array_equal(result(b.act({'x': np.array([2])}))['y'], [4])
+      result(slow)
+      with pytest.raises(RuntimeError, match='bad x'):
+        result(b.act({'x': np.array([-1])}))
+      result(b.act({'x': np.array([4])}))
+  assert served == [2, 1, 4]  # The second batch finished first ...
+  assert posted == [1, 2, 4]  # ... and was posted second.
+
+
 def read_frame(sock):
   """One length-prefixed frame from a raw socket; b'' once it is closed."""
   data = b''

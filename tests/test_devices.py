@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent('''
         'task': 'synthetic_bandit',
         'jax.policy_devices': [int(i) for i in sys.argv[1:]],
         'jax.train_devices': [0]})
-    policy_devices, train_device = devices.setup(config)
+    policy_devices, (train_device,) = devices.setup(config)
     env = make_env(config.task, config.env)
     agent = Agent(env.obs_space, env.act_space, config)
     state = jax.device_put(agent.init_state(agent.init_params(0), 0),
@@ -68,6 +68,37 @@ def test_actor_lanes_and_learner_on_their_own_devices(policy, expected):
   assert lines == expected, proc.stdout
 
 
+PUBLISH_SCRIPT = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from dreamer_ver.actor.params import ParamsStore
+
+    mesh = Mesh(np.array(jax.devices()), ('data',))
+    params = {'w': jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P()))}
+    store = ParamsStore({'w': jnp.zeros(4)}, devices=jax.devices())
+    store.publish(params, 1)
+    # The learner's next step donates its params.
+    jax.jit(lambda p: jax.tree.map(lambda x: x + 1, p), donate_argnums=0)(params)
+    for lane in range(2):
+      copy, version = store.latest(lane)
+      print(lane, version, copy['w'].devices(), np.asarray(copy['w'] * 2))
+''')
+
+
+def test_published_params_outlive_the_learners_replicated_buffers():
+  """The learner's params are replicated over its train devices; a policy
+  device among them must still get a copy of its own, not the learner's
+  shard, which the next train step donates."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  proc = subprocess.run([sys.executable, '-c', PUBLISH_SCRIPT], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines() == [
+      '0 1 {CpuDevice(id=0)} [0. 2. 4. 6.]',
+      '1 1 {CpuDevice(id=1)} [0. 2. 4. 6.]'], proc.stdout
+
+
 def test_a_device_index_that_does_not_exist_is_a_clear_error():
   config = configlib.compose(['debug'], {'jax.policy_devices': [7]})
   with pytest.raises(ValueError, match='jax.policy_devices names device 7, '
@@ -79,6 +110,20 @@ def test_a_policy_device_named_twice_is_a_clear_error():
   with pytest.raises(ValueError, match='jax.policy_devices names a device twice'):
     validation.validate(
         configlib.compose(['debug'], {'jax.policy_devices': [0, 0]}))
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'jax.train_devices': [1, 1]}, 'jax.train_devices names a device twice'),
+    ({'batch_size': 6, 'jax.train_devices': [0, 1, 2, 3]},
+     r'batch_size \(6\) must be a multiple of the number of '
+     r'jax.train_devices \(4\)'),
+    ({'script': 'train', 'jax.train_devices': [0, 1]},
+     "script 'train' trains on one device"),
+])
+def test_train_devices_that_cannot_share_the_batch_are_a_clear_error(
+    overrides, message):
+  with pytest.raises(ValueError, match=message):
+    validation.validate(configlib.compose(['debug'], overrides))
 
 
 CACHE_SCRIPT = textwrap.dedent('''

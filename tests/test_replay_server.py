@@ -44,7 +44,7 @@ def trans(envids, ts, is_eval=False, action_dim=2):
   return {
       'envid': envids,
       'is_eval': np.full(n, is_eval),
-      'version': np.zeros(n, np.int64),
+      'version': ts // 2,  # the params version that acted
       'count': 1000 * envids + ts,
       'reward': ts.astype(np.float32),
       'is_first': ts == 0,
@@ -94,7 +94,8 @@ def test_train_sequences_are_consecutive_and_single_env(service):
     assert batch['stepid'].shape == (B, T + C, 20)
     assert batch['consec'].shape == (B, T + C)
     assert 'envid' not in batch and 'is_eval' not in batch
-    assert 'version' not in batch
+    # The version that acted comes back with its row (the learner's lag).
+    np.testing.assert_array_equal(batch['version'], batch['count'] % 1000 // 2)
     assert batch['is_first'][:, 0].all()
   report = service.sample_batch_report(timeout=5)
   check_sequences(report, R + C)
@@ -311,6 +312,25 @@ def test_save_and_load_restore_items_and_limiter(tmp_path):
     # starts anew after a load: its first T + C - 1 rows complete none.
     fill(restored, 5, start=11)
     assert restored.limiter.size == state[0] + 3 * (5 - (T + C - 1))
+  finally:
+    restored.close()
+
+
+def test_a_replay_saved_without_versions_goes_on_without_them(tmp_path):
+  config = make_config(tmp_path)
+  service = ReplayService(config)
+  for t in range(6):  # As a run from before versions were stored sent them.
+    service.add_batch({k: v for k, v in trans((0, 1), [t, t]).items()
+                       if k != 'version'})
+  service.save()
+  service.close()
+  restored = ReplayService(config)
+  try:
+    restored.load()
+    fill(restored, 6, envids=(0, 1), start=6)  # with versions: accepted
+    batch = restored.sample_batch_train(timeout=5)
+    check_sequences(batch, T + C)
+    assert 'version' not in batch
   finally:
     restored.close()
 

@@ -44,5 +44,15 @@ class ParamsStore:
   def _own(self, params):
     return tuple(
         jax.tree.map(jnp.copy, params) if device is None
-        else jax.device_put(params, device, may_alias=False)
+        else jax.tree.map(lambda x: _copy_to(x, device), params)
         for device in self._devices)
+
+
+def _copy_to(array, device):
+  """A copy of `array` on `device` that shares no buffer with it. JAX's
+  device_put hands back the array's own shard when the array already has
+  one on `device` (a learner's params replicated over several devices),
+  even with may_alias=False; copy on the device then."""
+  if isinstance(array, jax.Array) and device in array.devices():
+    return jnp.copy(jax.device_put(array, device))
+  return jax.device_put(array, device, may_alias=False)

@@ -124,8 +124,10 @@ class BatchServer:
     anything the postfn needs. If the handler raises, every request of that
     batch gets the error and the postfn is not called.
   postfn(requests, context): optional; runs on the same worker thread after
-    the replies went out (e.g. to ship transitions). With workers > 1, calls
-    from different workers may overlap and finish out of order.
+    the replies went out (e.g. to ship transitions). Within a lane, postfn
+    calls run one at a time in the order the batches were cut, also with
+    workers > 1 (a worker whose batch was cut later waits its turn), so a
+    caller's consecutive calls reach the postfn in order.
   cutoff: a cutoff policy (see the module docstring), or a list of them:
     one lane each, every lane with `workers` threads of its own.
   transports: which ones serve calls: 'tcp' on `addr` ('host:port');
@@ -357,13 +359,14 @@ class BatchServer:
 
   def _work(self, lane):
     while True:
-      batch = self._next_batch(lane)
-      if batch is None:
+      cut = self._next_batch(lane)
+      if cut is None:
         return
-      self._serve(lane, batch)
+      self._serve(lane, *cut)
 
   def _next_batch(self, lane):
-    """Blocks until the lane's policy cuts a batch; None once closing."""
+    """Blocks until the lane's policy cuts a batch: (batch, its number in
+    the lane's cut order); None once closing."""
     pending = lane.pending
     with self._cond:
       while self._running:
@@ -378,7 +381,8 @@ class BatchServer:
             self._stats.cut(reason, [now - r.arrival for r in batch])
             if pending:
               self._cond.notify_all()  # Another worker may take the rest.
-            return batch
+            lane.cuts += 1
+            return batch, lane.cuts - 1
           decision = None
         self._cond.wait(None if decision is None else max(0.0, decision))
     return None
@@ -401,7 +405,27 @@ class BatchServer:
       lane.pending.clear()
       lane.pending.extend(keep)
 
-  def _serve(self, lane, batch):
+  def _serve(self, lane, batch, number):
+    context = _FAILED
+    try:
+      context = self._answer(lane, batch)
+    finally:
+      # Every cut batch takes its turn, also one whose serving raised:
+      # a skipped number would stall the lane's later postfn calls.
+      with lane.post_turn:
+        while lane.posted != number:
+          lane.post_turn.wait()
+      try:
+        if self.postfn and context is not _FAILED:
+          self._post(batch, context)
+      finally:
+        with lane.post_turn:
+          lane.posted += 1
+          lane.post_turn.notify_all()
+
+  def _answer(self, lane, batch):
+    """Runs the handler on a batch and sends its replies; returns the
+    handler's context for the postfn (_FAILED if the handler raised)."""
     start = time.monotonic()
     try:
       replies, context = self.handler(batch)
@@ -431,13 +455,15 @@ class BatchServer:
         lane.cutoff.observe_reply(envid, now)
       self._stats.served(batch, sent, inference, errors)
       self._cond.notify_all()
-    if self.postfn and context is not _FAILED:
-      try:
-        self.postfn(batch, context)
-      except Exception:
-        traceback.print_exc()
-        with self._cond:
-          self._stats.postfn_errors += 1
+    return context
+
+  def _post(self, batch, context):
+    try:
+      self.postfn(batch, context)
+    except Exception:
+      traceback.print_exc()
+      with self._cond:
+        self._stats.postfn_errors += 1
 
   def _reply(self, request, reply):
     """Sends one reply; False if the caller got an error (or nothing)."""
@@ -469,3 +495,6 @@ class _Queue:
     self.cutoff = cutoff
     self.pending = collections.deque()
     self.conns = set()
+    self.cuts = 0  # batches cut so far (numbered under the server's lock)
+    self.posted = 0  # batches whose postfn turn is over, in cut order
+    self.post_turn = threading.Condition()

@@ -303,7 +303,8 @@ class ShmClient:
 
   def connect(self, stop=None, retry=0.1):
     """Retries until connected; False if `stop` (an Event) was set first."""
-    stop = stop or threading.Event()
+    # Not `stop or Event()`: a StopSignal is falsy until it is set.
+    stop = threading.Event() if stop is None else stop
     self.close()
     while not stop.is_set():
       sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -76,13 +76,14 @@ def build_actor(config, agent, store, counters):
   return actor, server
 
 
-def build_learner(config, agent, state, store, ckpt, counters, logger):
-  """The learner on the train device, compiled."""
+def build_learner(config, agent, state, store, ckpt, counters, logger,
+                  train_devices):
+  """The learner on the train devices, compiled."""
   learner = Learner(
       agent, state, store, config,
       replay=Client(peer(config.run.replay_addr), 'LearnerReplay',
                     maxinflight=8, **client_kwargs(config)),
-      logger=logger, ckpt=ckpt, counters=counters)
+      logger=logger, ckpt=ckpt, counters=counters, devices=train_devices)
   learner.compile()
   print('Learner compiled.')
   return learner
@@ -103,16 +104,16 @@ def run_agent(config, stop=None):
   config = with_token(config)
   run = config.run
   stop = stop if stop is not None else StopSignal()
-  policy_devices, train_device = devices.setup(config)
+  policy_devices, train_devices = devices.setup(config)
   agent = build_agent(config)
   ckpt, state, counters = checkpoint.restore(agent, config)
-  state = jax.device_put(state, train_device)
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
   actor, server = build_actor(config, agent, store, counters)
   logger = Client(peer(run.logger_addr), 'LearnerLogger', maxinflight=2,
                   when_full='drop', **client_kwargs(config))
-  learner = build_learner(config, agent, state, store, ckpt, counters, logger)
+  learner = build_learner(config, agent, state, store, ckpt, counters, logger,
+                          train_devices)
   shipper = actor.shipper
   start = time.monotonic()
   failed = []  # The learner thread's exception, if it raised.

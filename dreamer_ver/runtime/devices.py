@@ -19,7 +19,8 @@ import os
 def setup(config):
   """Applies `jax.platform`, `jax.prealloc` and `jax.jit`; returns the
   policy devices (a list: the actor runs one lane per entry of
-  `jax.policy_devices`) and the train device (`jax.train_devices[0]`)."""
+  `jax.policy_devices`) and the train devices (a list: the learner trains
+  data-parallel over them)."""
   import jax
   cfg = config.jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
@@ -38,7 +39,7 @@ def setup(config):
     return devices[index]
 
   policy = [pick('policy_devices', i) for i in cfg.policy_devices]
-  return policy, pick('train_devices', cfg.train_devices[0])
+  return policy, [pick('train_devices', i) for i in cfg.train_devices]
 
 
 def _compile_cache(config):

@@ -2,7 +2,13 @@
 
 Each step takes the next prefetched batch, trains, writes the fresh latents
 back to replay (fire and forget), and publishes the new policy params with
-a version. Reports, metrics and checkpoints happen on wall-clock intervals.
+a version. Each batch's rows carry the params version that acted; the
+learner logs the distribution of its policy lag, the updates between
+that version and its own (VER's measure of how off-policy the data
+is), as `train/policy_lag/*` over each log interval. Training is
+data-parallel over the train devices
+(`agent/data_parallel.py`): each batch's rows are split across them, the
+state is replicated; with one device it is the plain jitted step. Reports, metrics and checkpoints happen on wall-clock intervals.
 The logger gets scalars as float64 and the report's open-loop videos as
 uint8 [T, H, W, C]; the report's other arrays are not sent.
 """
@@ -15,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dreamer_ver.agent.agent import policy_params
+from dreamer_ver.agent.data_parallel import DataParallel
 
 
 class Prefetch:
@@ -46,32 +53,36 @@ def wait(future, stop, poll=0.2):
 class Learner:
 
   def __init__(self, agent, state, params_store, config, replay, logger,
-               ckpt, counters):
+               ckpt, counters, devices=None):
     self.agent = agent
-    self.state = state
+    self.parallel = DataParallel(agent, devices or jax.devices()[:1])
+    self.state = self.parallel.put_state(state)
     self.params = params_store
     self.config = config
     self.replay = replay  # client.Client of the replay server
     self.logger = logger  # client.Client of the logger server, or None
     self.ckpt = ckpt
     self.counters = counters  # shared with the agent loop: steps, version
-    self.carry = agent.init_carry(config.batch_size)
+    self.carry = self.parallel.put_rows(agent.init_carry(config.batch_size))
     self.metrics = collections.defaultdict(list)
+    self.lags = []  # per trained batch: the policy lag of each row
 
   def compile(self):
     """Compiles train and report on zero batches of the replay's shapes, so
     the learner never compiles mid-run (a compile cannot be interrupted,
     which would hold up a shutdown)."""
     cfg = self.config
-    train = self.zero_batch(cfg.batch_length + cfg.replay_context)
-    report = self.zero_batch(cfg.report_length + cfg.replay_context)
+    put = self.parallel.put_rows
+    train = put(self.zero_batch(cfg.batch_length + cfg.replay_context))
+    report = put(self.zero_batch(cfg.report_length + cfg.replay_context))
     state = jax.tree.map(jnp.copy, self.state)  # train donates its state
-    outs = self.agent.train(state, self.carry, train)
-    jax.block_until_ready((outs, self.agent.report(self.state, report)))
+    outs = self.parallel.train(state, self.carry, train)
+    jax.block_until_ready((outs, self.parallel.report(self.state, report)))
 
   def zero_batch(self, length):
     """A batch of zeros with exactly the keys, shapes and dtypes the replay
-    server returns: the actor's transitions plus stepid and consec."""
+    server returns, as the jitted step sees them: the actor's transitions
+    (their version taken out) plus stepid and consec."""
     B = self.config.batch_size
     rssm = self.config.agent.rssm
     spaces = {**self.agent.obs_space, **self.agent.act_space}
@@ -103,8 +114,12 @@ class Learner:
         self.log({'fps/train': fps.result()})
 
   def train_step(self, batch):
-    self.state, self.carry, outs, mets = self.agent.train(
-        self.state, self.carry, batch)
+    acted = batch.pop('version', None)  # absent in replays from before it
+    if acted is not None:
+      trained = acted[:, self.config.replay_context:]  # not the context
+      self.lags.append(self.counters['version'] - trained.ravel())
+    self.state, self.carry, outs, mets = self.parallel.train(
+        self.state, self.carry, self.parallel.put_rows(batch))
     self.counters['version'] += 1
     self.params.publish(
         policy_params(self.state['params']), self.counters['version'])
@@ -117,17 +132,25 @@ class Learner:
     batch = wait(self.replay.sample_batch_report(), stop)
     if batch is None:
       return
-    mets = self.agent.report(self.state, batch)
-    self._send({f'report/{k}': v for k, v in jax.device_get(mets).items()})
+    mets = self._report(batch)
+    self._send({f'report/{k}': v for k, v in mets.items()})
     batch = wait(self.replay.sample_batch_eval(), stop)
     if batch:
-      mets = self.agent.report(self.state, batch)
+      mets = self._report(batch)
       self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()})
+
+  def _report(self, batch):
+    batch = {k: v for k, v in batch.items() if k != 'version'}
+    mets = self.parallel.report(self.state, self.parallel.put_rows(batch))
+    return jax.device_get(mets)
 
   def log(self, extra):
     mets = jax.device_get(dict(self.metrics))
     self.metrics.clear()
     summary = {f'train/{k}': float(np.mean(v)) for k, v in mets.items()}
+    if self.lags:
+      summary.update(lag_summary(np.concatenate(self.lags)))
+      self.lags.clear()
     summary.update(extra)
     summary['train/updates'] = self.counters['version']
     self._send(summary)
@@ -138,6 +161,14 @@ class Learner:
   def _send(self, metrics):
     if self.logger is not None:
       self.logger.add(loggable(metrics))
+
+
+def lag_summary(lags):
+  """The distribution of the policy lag of the rows trained on."""
+  return {'train/policy_lag/mean': float(np.mean(lags)),
+          'train/policy_lag/p50': float(np.percentile(lags, 50)),
+          'train/policy_lag/p95': float(np.percentile(lags, 95)),
+          'train/policy_lag/max': float(np.max(lags))}
 
 
 def loggable(metrics):

@@ -54,12 +54,11 @@ protocol (``rpc/server.py``; one worker per method, so a blocked
 ``add_batch`` never blocks sampling), saves periodically and sends stats to
 the logger without ever waiting on it.
 
-What is stored: every column of the transition batch except ``envid`` and
-``is_eval`` (they route the row: env id = replay stream, is_eval = which
-replay) and ``version`` (the policy version is a logging concern; dropping it
-keeps int64 columns out of the learner's jitted batch). ``log/*`` keys and
-the shipment id are dropped too. The learner's batches hold the stored keys
-plus ``stepid`` and ``consec``.
+What is stored: every column of the transition batch but ``envid`` and
+``is_eval`` (env id = replay stream, is_eval = which replay), ``log/*`` and
+the shipment id; ``version`` (the params that acted: the learner's policy
+lag) too, unless the replay resumed from a run that did not store it.
+The learner's batches hold the stored keys plus ``stepid`` and ``consec``.
 
 This module imports neither JAX nor the agent.
 """
@@ -82,7 +81,7 @@ from dreamer_ver.rpc.server import Server
 from dreamer_ver.runtime.transitions import check_rows, shipment_of
 
 # Columns of a transition batch that route rows and are never stored.
-ROUTING_KEYS = ('envid', 'is_eval', 'version')
+ROUTING_KEYS = ('envid', 'is_eval')
 
 METHODS = (
     'add_batch', 'sample_batch_train', 'sample_batch_report',
@@ -120,7 +119,6 @@ class ReplayService:
     # sender -> (seq, rows): its newest shipment stored, and how many of
     # that batch's rows (all but for a batch cut short).
     self._shipments = {}
-
     self.poll = poll
     self._closing = threading.Event()
     self._cond = threading.Condition()  # Wakes waiters on insert/sample/close.
@@ -308,6 +306,8 @@ class ReplayService:
     # Both replays must keep the same structure; check against whichever
     # already has one, so a bad batch is refused before any row is stored.
     for replay in (self.train, self.eval):
+      if replay.spec is not None and 'version' not in replay.spec:
+        data.pop('version', None)  # A replay from before versions were kept.
       if replay.spec is not None:
         problems = mismatches(replay.spec, data, rows=True)
         if problems:

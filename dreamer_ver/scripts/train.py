@@ -34,7 +34,8 @@ from dreamer_ver.runtime.logger_server import LoggerService
 def train(config):
   logdir = Path(config.logdir)
   run = config.run
-  _, device = devices.setup(config)  # one process: policy and learner share it
+  # One process, one device: policy and learner share it.
+  _, (device,) = devices.setup(config)
   envs = [make_run_env(config, i) for i in range(run.envs)]
   agent = Agent(envs[0].obs_space, envs[0].act_space, config)
   ckpt, state, counters = checkpoint.restore(agent, config)

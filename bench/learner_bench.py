@@ -1,0 +1,191 @@
+"""Learner speed: milliseconds per `Agent.train` update, FLOPs per update,
+and the fraction of this device's measured matmul peak.
+
+  .venv/bin/python bench/learner_bench.py --sizes size1m size12m \
+      --dtypes float32 bfloat16 --out bench/learner_cpu.json
+
+The agent is the `dmc_proprio` preset on dm_control walker's spaces
+(24 observation dims, 6 continuous actions), batch 16 x 64 plus one
+context step, as upstream trains it. Rounds alternate between the
+configurations so a change in machine load hits them all alike.
+
+FLOPs: matrix-product FLOPs (2 per multiply-add of every `dot_general`
+and convolution) counted on the update's jaxpr, each scan body times its
+length. XLA's `cost_analysis()` counts a scan body once, so its number
+(reported as `xla_flops_scan_once`) undercounts the update by the
+sequence and imagination lengths. The peak is a 2048 x 2048 `jnp.dot` in
+the same dtype, timed in the same run.
+"""
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import time
+
+import elements
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dreamer_ver import config as configlib
+from dreamer_ver.agent.agent import Agent
+
+OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
+ACT = (6,)
+
+
+def spaces():
+  obs = {k: elements.Space(np.float32, s) for k, s in OBS.items()}
+  obs.update({'reward': elements.Space(np.float32, ()),
+              'is_first': elements.Space(bool, ()),
+              'is_last': elements.Space(bool, ()),
+              'is_terminal': elements.Space(bool, ())})
+  act = {'action': elements.Space(np.float32, ACT, -1, 1),
+         'reset': elements.Space(bool, ())}
+  return obs, act
+
+
+def random_batch(agent, B, T, seed):
+  rng = np.random.default_rng(seed)
+  r = agent.config.agent.rssm
+  batch = {k: rng.uniform(-1, 1, (B, T, *s.shape)).astype(np.float32)
+           for k, s in {**agent.obs_space, **agent.act_space}.items()
+           if s.dtype == np.float32}
+  for key in ('is_first', 'is_last', 'is_terminal'):
+    batch[key] = np.zeros((B, T), bool)
+  batch['is_first'][:, 0] = True
+  batch['dyn/deter'] = np.zeros((B, T, r.deter), np.float32)
+  batch['dyn/stoch'] = np.zeros((B, T, r.stoch, r.classes), np.float32)
+  batch['stepid'] = np.zeros((B, T, 20), np.uint8)
+  batch['consec'] = np.zeros((B, T), np.int32)
+  return batch
+
+
+def matmul_flops(jaxpr):
+  """FLOPs of the matrix products in a jaxpr, each scan body times its
+  length (a cond counts its costliest branch)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    out = eqn.outvars[0].aval.shape if eqn.outvars else ()
+    if name == 'dot_general':
+      (contract, _), _ = eqn.params['dimension_numbers']
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(out) * math.prod(lhs[d] for d in contract)
+    elif name == 'conv_general_dilated':
+      rhs = eqn.invars[1].aval.shape
+      spec = eqn.params['dimension_numbers'].rhs_spec  # (out, in, *spatial)
+      total += 2 * math.prod(out) * math.prod(rhs[d] for d in spec[1:])
+    subs = [_flops_of(value) for value in eqn.params.values()]
+    subs = [f for f in subs if f is not None]
+    if name == 'cond':
+      total += max(subs)
+    else:
+      total += eqn.params.get('length', 1) * sum(subs)
+  return total
+
+
+def _flops_of(value):
+  """FLOPs of a param that holds jaxprs (one, or a tuple of branches)."""
+  if isinstance(value, (tuple, list)):
+    flops = [_flops_of(v) for v in value]
+    flops = [f for f in flops if f is not None]
+    return max(flops) if flops else None
+  inner = getattr(value, 'jaxpr', value)  # ClosedJaxpr -> Jaxpr
+  return matmul_flops(inner) if hasattr(inner, 'eqns') else None
+
+
+def make(size, dtype, batch, length):
+  config = configlib.compose(['dmc_proprio', size], {
+      'jax.compute_dtype': dtype, 'batch_size': batch,
+      'batch_length': length})
+  agent = Agent(*spaces(), config)
+  T = length + config.replay_context
+  state = agent.init_state(agent.init_params(0), 0)
+  carry = agent.init_carry(batch)
+  batches = [jax.device_put(random_batch(agent, batch, T, s)) for s in range(2)]
+  jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
+  flops = matmul_flops(jaxpr.jaxpr)
+  compiled = agent.train.lower(state, carry, batches[0]).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  state, carry, _, mets = agent.train(state, carry, batches[0])  # warm-up
+  jax.block_until_ready(mets)
+  return {'agent': agent, 'state': state, 'carry': carry, 'batches': batches,
+          'flops': flops, 'xla_flops_scan_once': float(cost.get('flops', 0)),
+          'params': Agent.param_count(state['params'])}
+
+
+def time_updates(run, steps):
+  """Seconds per update over `steps` updates (the state threads through)."""
+  agent, state, carry = run['agent'], run['state'], run['carry']
+  start = time.perf_counter()
+  for i in range(steps):
+    state, carry, _, mets = agent.train(
+        state, carry, run['batches'][i % len(run['batches'])])
+  jax.block_until_ready(mets)
+  run['state'], run['carry'] = state, carry
+  return (time.perf_counter() - start) / steps
+
+
+def matmul_peak(dtype, n=2048, repeats=10):
+  """FLOP/s of an n x n matrix product in `dtype` (best of `repeats`)."""
+  x = jnp.ones((n, n), dtype)
+  dot = jax.jit(jnp.dot)
+  dot(x, x).block_until_ready()
+  best = math.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    dot(x, x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n ** 3 / best
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--sizes', nargs='+', default=['size1m', 'size12m'])
+  parser.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'])
+  parser.add_argument('--batch', type=int, default=16)
+  parser.add_argument('--length', type=int, default=64)
+  parser.add_argument('--steps', type=int, default=5)
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--out', default='')
+  args = parser.parse_args()
+  runs = {(s, d): make(s, d, args.batch, args.length)
+          for s in args.sizes for d in args.dtypes}
+  peaks = {d: matmul_peak(d) for d in args.dtypes}
+  times = {key: [] for key in runs}
+  for _ in range(args.rounds):
+    for key, run in runs.items():
+      times[key].append(time_updates(run, args.steps))
+  rows = []
+  for (size, dtype), run in runs.items():
+    seconds = float(np.median(times[(size, dtype)]))
+    rows.append({
+        'size': size, 'dtype': dtype, 'params': run['params'],
+        'ms_per_update': [round(t * 1e3, 1) for t in times[(size, dtype)]],
+        'updates_per_s': round(1 / seconds, 3),
+        'gflop_per_update': round(run['flops'] / 1e9, 2),
+        'xla_gflop_scan_once': round(run['xla_flops_scan_once'] / 1e9, 2),
+        'gflop_per_s': round(run['flops'] / seconds / 1e9, 1),
+        'fraction_of_matmul_peak': round(run['flops'] / seconds / peaks[dtype], 3),
+    })
+    print(json.dumps(rows[-1]), flush=True)
+  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
+                          capture_output=True, text=True).stdout.strip()
+  result = {
+      'commit': commit, 'device': str(jax.devices()[0].device_kind),
+      'machine': platform.processor() or platform.machine(),
+      'batch': [args.batch, args.length],
+      'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1) for d, p in peaks.items()},
+      'rows': rows}
+  print(json.dumps(result['matmul_peak_gflop_per_s']))
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,58 @@
+"""The learner's policy lag, by value: each trained row's lag is the
+learner's version minus the version that acted on the row; the context
+steps at the start of a sequence are not trained on and do not count."""
+
+import numpy as np
+from test_agent import make_batch, small_config, vector_spaces
+
+from dreamer_ver.actor.params import ParamsStore
+from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.runtime.learner import Learner
+
+
+class Recorder:
+  """Stands in for the replay and logger clients: keeps what it is sent."""
+
+  def __init__(self):
+    self.sent = []
+
+  def add(self, metrics):
+    self.sent.append(metrics)
+
+  def update(self, latents):
+    self.sent.append(latents)
+
+
+def test_the_learner_logs_the_policy_lag_of_the_rows_it_trains_on():
+  B = 4
+  config = small_config(batch_size=B, replay_context=1)
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  logger = Recorder()
+  learner = Learner(
+      agent, state, ParamsStore(policy_params(state['params']), 7), config,
+      replay=Recorder(), logger=logger, ckpt=None, counters={'version': 7})
+  T = config.batch_length + config.replay_context
+  first = make_batch(agent, B, T, seed=0)
+  # Row i acted with version 7 - i; the context step claims an old version.
+  first['version'] = np.repeat(7 - np.arange(B), T).reshape(B, T)
+  first['version'][:, 0] = -100
+  second = make_batch(agent, B, T, seed=1)
+  second['version'] = np.full((B, T), 8)  # Acted with the params of update 8.
+  learner.train_step(first)
+  learner.train_step(second)
+  learner.log({})
+  trained = T - 1
+  lags = np.concatenate([np.repeat(np.arange(B), trained),  # learner at 7
+                         np.zeros(B * trained)])            # learner at 8
+  summary = logger.sent[-1]
+  assert summary['train/updates'] == 9
+  assert summary['train/policy_lag/mean'] == np.mean(lags)  # 0.75
+  assert summary['train/policy_lag/p50'] == np.percentile(lags, 50)
+  assert summary['train/policy_lag/p95'] == np.percentile(lags, 95)
+  assert summary['train/policy_lag/max'] == 3
+  # The next interval starts afresh.
+  learner.train_step({**make_batch(agent, B, T, seed=2),
+                      'version': np.full((B, T), 9)})
+  learner.log({})
+  assert logger.sent[-1]['train/policy_lag/max'] == 0
