@@ -248,6 +248,22 @@ def test_shipments_carry_one_id_each_and_leave_in_seq_order():
   assert Shipper().sender != shipper.sender
 
 
+def test_a_link_closed_at_shutdown_fails_the_shipment_without_raising(capsys):
+  """At shutdown the agent closes its links while a worker may still be
+  shipping: the call that cannot be sent counts as a failed shipment, is
+  printed once, and the logger still gets the batch."""
+  class ClosedReplay:
+    def add_batch(self, trans):
+      raise ConnectionError('ActorReplay is closed')
+
+  logger = FlakyLogger(drop=[])
+  shipper = Shipper(ClosedReplay(), logger)
+  shipper.ship({'envid': np.arange(2), 'is_eval': np.zeros(2, bool)}, {})
+  assert shipper.errors == 1 and len(logger.calls) == 1
+  assert ('replay.add_batch failed: ActorReplay is closed'
+          in capsys.readouterr().out)
+
+
 def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():
   """Two slots, three env ids: the third gets a clear error (and is
   counted); the two live envs keep their own carries throughout."""

@@ -16,6 +16,7 @@ each shipment once. They treat a seq at or below the newest they took from
 its sender as a resend, so the calls leave in the order of their seqs.
 """
 
+import concurrent.futures
 import itertools
 import secrets
 import threading
@@ -50,7 +51,8 @@ class Shipper:
       trans = {**trans, SHIPMENT: np.array(
           [self.sender, next(self._seqs)], np.int64)}
       if self.replay is not None:
-        self._watch(self.replay.add_batch(trans), 'replay.add_batch')
+        self._watch(self._call(self.replay.add_batch, trans),
+                    'replay.add_batch')
       if self.logger is not None:
         self._ship_log(trans, logs)
 
@@ -58,7 +60,8 @@ class Shipper:
     envids = trans['envid'].tolist()
     with self._lock:
       missed = [self._missed.pop(e, 0) for e in envids]
-    future = self.logger.tran(
+    future = self._call(
+        self.logger.tran,
         {**trans, **logs, 'missed': np.array(missed, np.int64)})
 
     def done(future):
@@ -68,6 +71,17 @@ class Shipper:
             self._missed[envid] = self._missed.get(envid, 0) + count + 1
     future.add_done_callback(done)
     self._watch(future, 'logger.tran')
+
+  @staticmethod
+  def _call(method, *args):
+    """A call's future; a call that cannot be sent (its link closed at
+    shutdown, or failed) becomes a failed future, reported as one."""
+    try:
+      return method(*args)
+    except Exception as error:
+      future = concurrent.futures.Future()
+      future.set_exception(error)
+      return future
 
   def _watch(self, future, what):
     """A failed call is counted and the first few are printed, so a
