@@ -13,16 +13,24 @@ FLOPs: matrix-product FLOPs (2 per multiply-add of every `dot_general`
 and convolution) counted on the update's jaxpr, each scan body times its
 length. XLA's `cost_analysis()` counts a scan body once, so its number
 (reported as `xla_flops_scan_once`) undercounts the update by the
-sequence and imagination lengths. The peak is a 2048 x 2048 `jnp.dot` in
-the same dtype, timed in the same run.
+sequence and imagination lengths. The peak is 2048 x 2048 `jnp.dot`s in
+the same dtype, back to back, timed in the same run.
+
+`--upstream PYTHON SRC` times upstream DreamerV3's `train` at the same
+configuration in the same rounds (`upstream_learner.py`, run by PYTHON, a
+venv with upstream's dependencies, on SRC, a checkout of
+danijar/dreamerv3) and reports ours / upstream in updates per second.
 """
 
 import argparse
 import json
 import math
+import os
 import platform
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import elements
 import jax
@@ -130,17 +138,44 @@ def time_updates(run, steps):
   return (time.perf_counter() - start) / steps
 
 
-def matmul_peak(dtype, n=2048, repeats=10):
-  """FLOP/s of an n x n matrix product in `dtype` (best of `repeats`)."""
+def matmul_peak(dtype, n=2048, repeats=20):
+  """Sustained FLOP/s of back-to-back n x n matrix products in `dtype`."""
   x = jnp.ones((n, n), dtype)
   dot = jax.jit(jnp.dot)
   dot(x, x).block_until_ready()
-  best = math.inf
+  start = time.perf_counter()
   for _ in range(repeats):
-    start = time.perf_counter()
-    dot(x, x).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n ** 3 / best
+    y = dot(x, x)
+  y.block_until_ready()
+  return repeats * 2 * n ** 3 / (time.perf_counter() - start)
+
+
+class Upstream:
+  """upstream_learner.py in its own venv, compiled and waiting for rounds."""
+
+  def __init__(self, python, src, size, dtype, batch, length, steps):
+    script = Path(__file__).with_name('upstream_learner.py')
+    self.proc = subprocess.Popen(
+        [python, str(script), src, size, dtype, str(batch), str(length),
+         str(steps)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+    self._read()  # {'ready': true} once compiled
+
+  def time_round(self):
+    self.proc.stdin.write('go\n')
+    self.proc.stdin.flush()
+    return self._read()['seconds']
+
+  def _read(self):
+    for line in self.proc.stdout:  # upstream prints its own lines too
+      if line.startswith('{'):
+        return json.loads(line)
+    sys.exit(f'upstream_learner.py exited with {self.proc.wait()}')
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait()
 
 
 def main():
@@ -151,15 +186,24 @@ def main():
   parser.add_argument('--length', type=int, default=64)
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--upstream', nargs=2, metavar=('PYTHON', 'SRC'))
   parser.add_argument('--out', default='')
   args = parser.parse_args()
   runs = {(s, d): make(s, d, args.batch, args.length)
           for s in args.sizes for d in args.dtypes}
+  upstream = {key: Upstream(*args.upstream, *key, args.batch, args.length,
+                            args.steps)
+              for key in runs} if args.upstream else {}
   peaks = {d: matmul_peak(d) for d in args.dtypes}
   times = {key: [] for key in runs}
+  theirs = {key: [] for key in upstream}
   for _ in range(args.rounds):
     for key, run in runs.items():
       times[key].append(time_updates(run, args.steps))
+      if key in upstream:
+        theirs[key].append(upstream[key].time_round())
+  for proc in upstream.values():
+    proc.close()
   rows = []
   for (size, dtype), run in runs.items():
     seconds = float(np.median(times[(size, dtype)]))
@@ -172,6 +216,11 @@ def main():
         'gflop_per_s': round(run['flops'] / seconds / 1e9, 1),
         'fraction_of_matmul_peak': round(run['flops'] / seconds / peaks[dtype], 3),
     })
+    if theirs:
+      upstream_seconds = float(np.median(theirs[(size, dtype)]))
+      rows[-1]['upstream_ms_per_update'] = [
+          round(t * 1e3, 1) for t in theirs[(size, dtype)]]
+      rows[-1]['speedup_vs_upstream'] = round(upstream_seconds / seconds, 2)
     print(json.dumps(rows[-1]), flush=True)
   commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
                           capture_output=True, text=True).stdout.strip()
