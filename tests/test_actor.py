@@ -222,6 +222,29 @@ def test_rows_the_logger_missed_are_reported_with_the_next_rows():
   assert actor.shipper.errors == 2
 
 
+def test_the_actor_reports_each_batchs_policy_lag():
+  """A batch's lag is the updates published while it was served: the
+  params it read against the store's version once its actions are back."""
+  class Publishing(ParamsStore):  # a learner two updates ahead of reads
+    @property
+    def version(self):
+      return super().version + 2
+
+  config = _fleet_config(free_port(), 1)
+  env = make_env(config.task, config.env)
+  obs = {k: np.asarray(v) for k, v in
+         env.step({'action': np.int32(0), 'reset': True}).items()}
+  for store, lag in ((ParamsStore({'enc': {}, 'dyn': {}, 'pol': {}}, 5), 0),
+                     (Publishing({'enc': {}, 'dyn': {}, 'pol': {}}, 5), 2)):
+    actor = Actor(CounterAgent(env.obs_space), store, slots=2, buckets=[1, 2])
+    actor.compile()
+    for _ in range(3):
+      trans = actor.step([{**obs, 'envid': np.int64(0)}])
+      assert trans['version'].tolist() == [5]
+    assert actor.take_lags() == [lag] * 3
+    assert actor.take_lags() == []  # taken: the next interval starts empty
+
+
 def test_shipments_carry_one_id_each_and_leave_in_seq_order():
   """ship() runs on every worker thread; the servers take a seq at or
   below the newest they stored from a sender for a resend, so the calls

@@ -11,6 +11,7 @@ and slots; the batch server routes each connection to one lane
 """
 
 import itertools
+import threading
 import time
 
 import jax
@@ -45,6 +46,8 @@ class Actor:
     self._batch_numbers = itertools.count()  # one PRNG stream per batch
     self.shipper = Shipper(replay, logger)
     self.version = 0  # params version of the latest batch
+    # Per served batch: updates the learner published while it ran.
+    self._lags, self._lags_lock = [], threading.Lock()
     self._step = jax.jit(table_step(self._policy_step), donate_argnums=(0,))
 
   # ------------------------------------------------------------- compile
@@ -108,6 +111,8 @@ class Actor:
       key = jax.random.fold_in(self.key, next(self._batch_numbers))
       acts, outs = self.forward(lane, params, slots, obs, key)
     acts, outs = jax.device_get((acts, outs))
+    with self._lags_lock:
+      self._lags.append(self.params.version - version)
     trans = {k: v[:n] for k, v in obs.items()}
     trans.update({k: v[:n] for k, v in acts.items()})
     trans.update({k: v[:n] for k, v in outs.items()})
@@ -116,6 +121,14 @@ class Actor:
         [bool(d.get('is_eval', False)) for d in datas], bool)
     trans['version'] = np.full((n,), version, np.int64)
     return trans
+
+  def take_lags(self):
+    """The policy lag of each batch served since the last call: how many
+    updates the learner published between reading the batch's params and
+    its actions coming back."""
+    with self._lags_lock:
+      lags, self._lags = self._lags, []
+    return lags
 
   def forward(self, lane, params, slots, obs, key):
     """The jitted step alone: gathers the carries at `slots` of the lane's

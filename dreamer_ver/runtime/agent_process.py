@@ -169,8 +169,10 @@ def run_agent(config, stop=None):
         stats['fps/policy'] = fps.result()
         stats['actor/served'] = shipper.served
         stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
-        # Updates the learner made since the params of the latest batch.
-        stats['actor/policy_lag'] = store.version - actor.version
+        lags = actor.take_lags()
+        if lags:
+          stats['actor/policy_lag/mean'] = sum(lags) / len(lags)
+          stats['actor/policy_lag/max'] = max(lags)
         logger.add(stats)
   finally:
     if evaluation is not None:
