@@ -83,8 +83,8 @@ def test_serving_and_training_after_start_up_compile_nothing():
       store.publish(state['params'], step + 1)
       for size in (1, 3, 8, 2):  # every bucket, padded and full
         envids = [(7 * step + i) % 8 for i in range(size)]
-        replies, _ = actor.handle(_requests(agent, envids, step))
+        replies, (trans, _) = actor.handle(_requests(agent, envids, step))
         assert not any(isinstance(r, Exception) for r in replies), replies
     assert np.isfinite(float(mets['loss/dyn']))
-    assert actor.version == 3
+    assert trans['version'].tolist() == [3, 3]  # the newest params served
   assert seen == []

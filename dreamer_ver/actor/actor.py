@@ -45,7 +45,6 @@ class Actor:
     self.key = jax.random.PRNGKey(seed)
     self._batch_numbers = itertools.count()  # one PRNG stream per batch
     self.shipper = Shipper(replay, logger)
-    self.version = 0  # params version of the latest batch
     # Per served batch: updates the learner published while it ran.
     self._lags, self._lags_lock = [], threading.Lock()
     self._step = jax.jit(table_step(self._policy_step), donate_argnums=(0,))
@@ -107,7 +106,6 @@ class Actor:
       slots = np.full((size,), lane.padding, np.int32)
       slots[:n] = [lane.slot(e) for e in envids]
       params, version = self.params.latest(lane.index)
-      self.version = version
       key = jax.random.fold_in(self.key, next(self._batch_numbers))
       acts, outs = self.forward(lane, params, slots, obs, key)
     acts, outs = jax.device_get((acts, outs))

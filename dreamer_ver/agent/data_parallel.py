@@ -45,11 +45,6 @@ class DataParallel:
     self.report = jax.jit(
         agent._report, in_shardings=(rep, rows), out_shardings=rep)
 
-  @property
-  def size(self):
-    """Devices in the mesh: the global batch must be a multiple of it."""
-    return self.mesh.size
-
   def put_state(self, state):
     return jax.device_put(state, self.replicated)
 

@@ -4,11 +4,12 @@ Each step takes the next prefetched batch, trains, writes the fresh latents
 back to replay (fire and forget), and publishes the new policy params with
 a version. Each batch's rows carry the params version that acted; the
 learner logs the distribution of its policy lag, the updates between
-that version and its own (VER's measure of how off-policy the data
-is), as `train/policy_lag/*` over each log interval. Training is
-data-parallel over the train devices
-(`agent/data_parallel.py`): each batch's rows are split across them, the
-state is replicated; with one device it is the plain jitted step. Reports, metrics and checkpoints happen on wall-clock intervals.
+that version and its own (VER's measure of how off-policy the data is),
+as `train/policy_lag/*` over each log interval. Training is data-parallel
+over the train devices (`agent/data_parallel.py`): each batch's rows are
+split across them, the state is replicated; with one device it is the
+plain jitted step. Reports, metrics and checkpoints happen on wall-clock
+intervals.
 The logger gets scalars as float64 and the report's open-loop videos as
 uint8 [T, H, W, C]; the report's other arrays are not sent.
 """
