@@ -34,12 +34,14 @@ SCRIPTS = {
     'parallel_replay': 'dreamer_ver.scripts.parallel:parallel_replay',
     'parallel_logger': 'dreamer_ver.scripts.parallel:parallel_logger',
     'parallel_agent': 'dreamer_ver.scripts.parallel:parallel_agent',
+    'parallel_learner': 'dreamer_ver.scripts.parallel:parallel_learner',
     'eval_only': 'dreamer_ver.scripts.eval_only:eval_only',
 }
 
-# Scripts that run only env processes: they neither create the logdir nor
-# write config.yaml into it (the host that owns the logdir does that).
-NO_LOGDIR_SUFFIXES = ('_env', '_envs')
+# Scripts that run only env processes or a multi-host run's other learners:
+# they neither create the logdir nor write config.yaml into it (the host
+# that owns the logdir does that).
+NO_LOGDIR_SUFFIXES = ('_env', '_envs', '_learner')
 
 USAGE = (
     'usage: python -m dreamer_ver.main [--configs BLOCK ...] '

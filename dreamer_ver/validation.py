@@ -250,8 +250,12 @@ def _addresses(c):
     if not re.fullmatch(r'.+:(\d+|\{auto\})', addr):
       yield f"run.{key} must be host:port or host:{{auto}} (got '{addr}')"
   explicit = set()
-  if c['script'].startswith('parallel_'):  # One component of a split run.
+  if c['script'] == 'parallel_learner':  # It talks to replay alone.
+    explicit = {'replay_addr'}
+  elif c['script'].startswith('parallel_'):  # One component of a split run.
     explicit = set(addrs)
+  if c['jax.processes'] > 1:  # Every learner process samples from replay.
+    explicit |= {'replay_addr'}
   if c['run.remote_envs']:
     explicit |= {'actor_addr'}
   if c['run.remote_replay']:
@@ -259,27 +263,46 @@ def _addresses(c):
   for key in sorted(k for k in explicit if '{auto}' in addrs[k]):
     yield (f"run.{key} needs an explicit port when components run in "
            f"separate processes (script '{c['script']}', remote_envs "
-           f"{c['run.remote_envs']}, remote_replay {c['run.remote_replay']})")
+           f"{c['run.remote_envs']}, remote_replay {c['run.remote_replay']}, "
+           f"jax.processes {c['jax.processes']})")
 
 
 def _devices(c):
-  """Device indices, checked here; whether they exist, in runtime/devices."""
-  for key in ('jax.policy_devices', 'jax.train_devices'):
-    if not all(d >= 0 for d in c[key]):
-      yield f'{key} must be device indices >= 0 (got {list(c[key])})'
+  """Device indices and learner processes, checked here; whether the
+  devices exist, in runtime/devices."""
   for key in ('jax.policy_devices', 'jax.train_devices'):
     names = list(c[key])
+    if not all(d >= 0 for d in names):
+      yield f'{key} must be device indices >= 0 (got {names})'
     if len(set(names)) != len(names):
       yield f'{key} names a device twice (got {names})'
-  train = len(c['jax.train_devices'])
+  processes, process_id = c['jax.processes'], c['jax.process_id']
+  train = len(c['jax.train_devices']) * processes
   if c['script'] == 'train' and train > 1:
     yield (f"script 'train' trains on one device (got jax.train_devices "
-           f"{list(c['jax.train_devices'])}); the data-parallel learner runs "
-           f"in the agent process (scripts parallel, parallel_agent and ray)")
+           f"{list(c['jax.train_devices'])}, jax.processes {processes}); the "
+           f"data-parallel learner runs in the agent process (scripts "
+           f"parallel, parallel_agent and ray)")
+  if c['script'] in ('eval_only', 'ray') and processes > 1:
+    yield (f"script {c['script']!r} runs in one process (got jax.processes "
+           f"{processes}); a multi-host learner runs under the scripts "
+           f"parallel_agent and parallel_learner")
+  if processes < 1 or not 0 <= process_id < processes:
+    yield (f'jax.process_id must be in [0, jax.processes) and jax.processes '
+           f'>= 1 (got {process_id} and {processes})')
+  if processes > 1 and not c['jax.coordinator']:
+    yield ('jax.coordinator (host:port of process 0) is required when '
+           'jax.processes > 1')
+  learner = c['script'] == 'parallel_learner'
+  if learner != (process_id > 0) and c['script'] in (
+      'parallel', 'parallel_agent', 'parallel_learner'):
+    yield (f"jax.process_id {process_id}: process 0 is the agent (scripts "
+           f"parallel, parallel_agent), the others run parallel_learner "
+           f"(got script {c['script']!r})")
   if c['batch_size'] % train:
     yield (f"batch_size ({c['batch_size']}) must be a multiple of the "
-           f"number of jax.train_devices ({train}): each trains on an equal "
-           f"share of the rows")
+           f"number of train devices ({train}: jax.train_devices times "
+           f"jax.processes): each trains on an equal share of the rows")
 
 
 def _model(c):

@@ -115,12 +115,33 @@ def test_a_policy_device_named_twice_is_a_clear_error():
 @pytest.mark.parametrize('overrides,message', [
     ({'jax.train_devices': [1, 1]}, 'jax.train_devices names a device twice'),
     ({'batch_size': 6, 'jax.train_devices': [0, 1, 2, 3]},
-     r'batch_size \(6\) must be a multiple of the number of '
-     r'jax.train_devices \(4\)'),
+     r'batch_size \(6\) must be a multiple of the number of train devices '
+     r'\(4: jax.train_devices times jax.processes\)'),
+    ({'batch_size': 6, 'jax.train_devices': [0, 1], 'jax.processes': 2,
+      'jax.coordinator': 'a:1', 'run.replay_addr': 'b:2'},
+     r'batch_size \(6\) must be a multiple of the number of train devices '
+     r'\(4'),
     ({'script': 'train', 'jax.train_devices': [0, 1]},
      "script 'train' trains on one device"),
+    ({'script': 'train', 'jax.processes': 2, 'jax.coordinator': 'a:1'},
+     "script 'train' trains on one device"),
+    ({'script': 'ray', 'jax.processes': 2, 'jax.coordinator': 'a:1'},
+     "script 'ray' runs in one process"),
+    ({'jax.processes': 2, 'run.replay_addr': 'b:2'},
+     r'jax.coordinator \(host:port of process 0\) is required'),
+    ({'jax.processes': 2, 'jax.process_id': 2, 'jax.coordinator': 'a:1'},
+     r'jax.process_id must be in \[0, jax.processes\)'),
+    ({'jax.processes': 2, 'jax.coordinator': 'a:1'},
+     'run.replay_addr needs an explicit port'),
+    ({'script': 'parallel_learner', 'jax.processes': 2,
+      'jax.coordinator': 'a:1', 'run.replay_addr': 'b:2'},
+     r"process 0 is the agent .*\(got script 'parallel_learner'\)"),
+    ({'script': 'parallel_agent', 'jax.processes': 2, 'jax.process_id': 1,
+      'jax.coordinator': 'a:1', 'run.actor_addr': 'a:3',
+      'run.replay_addr': 'b:2', 'run.logger_addr': 'a:4'},
+     "the others run parallel_learner .*got script 'parallel_agent'"),
 ])
-def test_train_devices_that_cannot_share_the_batch_are_a_clear_error(
+def test_train_devices_and_processes_that_cannot_share_the_batch_are_a_clear_error(
     overrides, message):
   with pytest.raises(ValueError, match=message):
     validation.validate(configlib.compose(['debug'], overrides))
@@ -171,3 +192,9 @@ def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
   # cache: nothing new is compiled, so nothing new is written.
   run()
   assert (entries(first / 'jax_cache'), entries(second / 'jax_cache')) == written
+
+
+def test_a_learner_process_needs_only_the_replay_address():
+  validation.validate(configlib.compose(['debug'], {
+      'script': 'parallel_learner', 'jax.processes': 2, 'jax.process_id': 1,
+      'jax.coordinator': 'a:1', 'run.replay_addr': 'b:2'}))

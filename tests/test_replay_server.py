@@ -139,6 +139,31 @@ def test_limiter_blocks_sampling_before_minsize(tmp_path):
     service.close()
 
 
+def test_a_batch_share_counts_the_whole_batch_once(tmp_path):
+  """A multi-host learner's processes sample shares of one batch: the
+  first through the limiter, which takes one batch's credit (B sequences)
+  whatever its share, the others without touching the limiter."""
+  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  try:
+    fill(service, 7)  # 12 rows that complete a sequence: past minsize 8.
+    before = service.limiter.avail
+    first = service.sample_batch_train(B // 2, timeout=5)
+    assert service.limiter.avail == before - B
+    second = service.sample_share_train(B // 2)
+    assert service.limiter.avail == before - B
+    for share in (first, second):
+      assert share['count'].shape == (B // 2, T + C)
+      assert (np.diff(share['count'], axis=1) == 1).all()
+    assert service.sample_batch_report(1)['count'].shape == (1, R + C)
+    for bad in (0, B + 1, 2.0, 'two', np.array([1, 2])):
+      with pytest.raises(ValueError, match='rows must be an integer from 1 '
+                         f'to batch_size \\({B}\\)'):
+        service.sample_share_train(bad)
+    assert service.limiter.avail == before - B
+  finally:
+    service.close()
+
+
 def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
   service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
   # Inserts (sequences; the first T + C - 1 rows complete none) earn credit

@@ -20,7 +20,8 @@ Multi-host: every process builds the mesh over all processes' devices
 (`jax.devices()` after `jax.distributed.initialize`) and passes its own
 rows to `put_rows`, which assembles the global array from each process's
 part (`jax.make_array_from_process_local_data`). On one host the process's
-part is the whole batch.
+part is the whole batch. `local` and `local_rows` take a process's part of
+the results back out.
 """
 
 import jax
@@ -34,6 +35,7 @@ class DataParallel:
 
   def __init__(self, agent, devices):
     devices = list(devices)
+    self.processes = len({device.process_index for device in devices})
     self.mesh = Mesh(np.array(devices), ('data',))
     self.replicated = NamedSharding(self.mesh, P())
     self.rows = NamedSharding(self.mesh, P('data'))
@@ -53,3 +55,16 @@ class DataParallel:
     along `data`; one host: all of them."""
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(self.rows, x), tree)
+
+  def local(self, tree):
+    """This process's copy of replicated arrays (the state, the metrics),
+    on its first train device."""
+    return jax.tree.map(lambda x: x.addressable_data(0), tree)
+
+  def local_rows(self, tree):
+    """This process's rows of row-split arrays, as numpy: what it passed to
+    `put_rows`, in the same order."""
+    def rows(x):
+      shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+      return np.concatenate([np.asarray(s.data) for s in shards])
+    return jax.tree.map(rows, tree)

@@ -6,6 +6,8 @@ thread, and the loop that logs them until the run is done.
   build_learner(config, agent, state, store, ckpt, counters, logger)
                                                  -> Learner
   run_agent(config)                              -> builds them and runs
+  run_learner(config)                            -> a multi-host run's learner
+                                                    on another host
 
 The learner's state lives on the train device; the actor's params copies
 (and so its carry tables, which the jitted step keeps beside them) on the
@@ -199,6 +201,31 @@ def run_agent(config, stop=None):
   for client in links.values():
     client.close(timeout=1)
   return 1 if cause else 0
+
+
+def run_learner(config, stop=None):
+  """A learner process of a multi-host run (`jax.process_id` > 0; see
+  runtime/learner.py): trains its share of every batch in lockstep with the
+  agent process until the agent's learner stops, or SIGINT/SIGTERM (or
+  `stop`) stops this one, which stops them all. Returns 0. It has no actor
+  and saves nothing: process 0 saves the state they share."""
+  config = with_token(config)
+  stop = stop if stop is not None else StopSignal()
+  _, train_devices = devices.setup(config)
+  agent = build_agent(config)
+  state = agent.init_state(agent.init_params(config.seed), config.seed)
+  learner = build_learner(config, agent, state, None, None,
+                          {'steps': 0, 'version': 0}, None, train_devices)
+  print(f'Learner process {config.jax.process_id} of {config.jax.processes} '
+        f'training from params version {learner.counters["version"]}.',
+        flush=True)
+  try:
+    learner.run(lambda: bool(stop))
+  finally:
+    learner.replay.close(timeout=1)
+  print(f'Learner process {config.jax.process_id} stopped at params version '
+        f'{learner.counters["version"]}.', flush=True)
+  return 0
 
 
 def failure(learner_errors, server, links):

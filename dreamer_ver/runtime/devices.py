@@ -17,10 +17,13 @@ import os
 
 
 def setup(config):
-  """Applies `jax.platform`, `jax.prealloc` and `jax.jit`; returns the
-  policy devices (a list: the actor runs one lane per entry of
+  """Applies `jax.platform`, `jax.prealloc` and `jax.jit`, joins the
+  multi-host learner when `jax.processes` > 1; returns the policy devices
+  (a list of this process's devices: the actor runs one lane per entry of
   `jax.policy_devices`) and the train devices (a list: the learner trains
-  data-parallel over them)."""
+  data-parallel over them; with several processes, every process's
+  `jax.train_devices`, process by process, so that each process's rows are
+  one contiguous block of the batch)."""
   import jax
   cfg = config.jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
@@ -29,17 +32,29 @@ def setup(config):
         'jax_platforms', 'cuda' if cfg.platform == 'gpu' else cfg.platform)
   jax.config.update('jax_disable_jit', not cfg.jit)
   _compile_cache(config)
-  devices = jax.devices()
+  if cfg.processes > 1:
+    # CPU devices of different processes talk over Gloo; GPUs use NCCL.
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(
+        cfg.coordinator, num_processes=cfg.processes,
+        process_id=cfg.process_id)
 
-  def pick(key, index):
+  def pick(key, index, process):
+    devices = jax.local_devices(process_index=process)
     if index >= len(devices):
+      which = ('this process' if process == jax.process_index()
+               else f'learner process {process}')
       raise ValueError(
-          f'jax.{key} names device {index}, but this process has '
+          f'jax.{key} names device {index}, but {which} has '
           f'{len(devices)} {devices[0].platform} device(s)')
     return devices[index]
 
-  policy = [pick('policy_devices', i) for i in cfg.policy_devices]
-  return policy, [pick('train_devices', i) for i in cfg.train_devices]
+  here = jax.process_index()
+  policy = [pick('policy_devices', i, here) for i in cfg.policy_devices]
+  train = [pick('train_devices', i, process)
+           for process in range(jax.process_count())
+           for i in cfg.train_devices]
+  return policy, train
 
 
 def _compile_cache(config):

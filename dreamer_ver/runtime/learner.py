@@ -12,6 +12,21 @@ plain jitted step. Reports, metrics and checkpoints happen on wall-clock
 intervals.
 The logger gets scalars as float64 and the report's open-loop videos as
 uint8 [T, H, W, C]; the report's other arrays are not sent.
+
+Multi-host (`jax.processes` > 1): one learner per process, the first in
+the agent process, the others in `--script parallel_learner` processes,
+all training the same steps together (every step is a collective). They
+start from process 0's state (its checkpoint, broadcast). Each samples its
+own share of every batch from the replay server: process 0 through the
+limiter, which counts the whole batch, the others without it
+(`sample_share_train`). Once per update the processes agree: they go on
+only while every one of them has its share (so a process that stops, at
+the end of the run or on SIGTERM, stops them all at the same update) and
+report and log when process 0's clocks say so. Process 0 alone publishes params to
+its actor, logs, and saves; each process writes back its own rows'
+latents. A process that dies leaves the others blocked in their next
+collective until JAX's coordination service notices and ends them; their
+supervisors restart them from process 0's last checkpoint.
 """
 
 import collections
@@ -20,6 +35,7 @@ import elements
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from dreamer_ver.agent.agent import policy_params
 from dreamer_ver.agent.data_parallel import DataParallel
@@ -28,8 +44,8 @@ from dreamer_ver.agent.data_parallel import DataParallel
 class Prefetch:
   """Keeps `depth` calls of one replay method in flight."""
 
-  def __init__(self, client, method, depth=2):
-    self.call = getattr(client, method)
+  def __init__(self, client, method, *args, depth=2):
+    self.call = lambda: getattr(client, method)(*args)
     self.futures = collections.deque(self.call() for _ in range(depth))
 
   def next(self, stop):
@@ -57,14 +73,20 @@ class Learner:
                ckpt, counters, devices=None):
     self.agent = agent
     self.parallel = DataParallel(agent, devices or jax.devices()[:1])
+    self.lead = jax.process_index() == 0  # The process that logs and saves.
+    self.rows = config.batch_size // self.parallel.processes  # Its share.
+    if self.parallel.processes > 1:
+      state, version = multihost_utils.broadcast_one_to_all(
+          (state, counters['version']))
+      counters['version'] = int(version)
     self.state = self.parallel.put_state(state)
-    self.params = params_store
+    self.params = params_store  # None: a process without an actor.
     self.config = config
     self.replay = replay  # client.Client of the replay server
     self.logger = logger  # client.Client of the logger server, or None
     self.ckpt = ckpt
     self.counters = counters  # shared with the agent loop: steps, version
-    self.carry = self.parallel.put_rows(agent.init_carry(config.batch_size))
+    self.carry = self.parallel.put_rows(agent.init_carry(self.rows))
     self.metrics = collections.defaultdict(list)
     self.lags = []  # per trained batch: the policy lag of each row
 
@@ -83,8 +105,8 @@ class Learner:
   def zero_batch(self, length):
     """A batch of zeros with exactly the keys, shapes and dtypes the replay
     server returns, as the jitted step sees them: the actor's transitions
-    (their version taken out) plus stepid and consec."""
-    B = self.config.batch_size
+    (their version taken out) plus stepid and consec; this process's rows."""
+    B = self.rows
     rssm = self.config.agent.rssm
     spaces = {**self.agent.obs_space, **self.agent.act_space}
     batch = {k: np.zeros((B, length, *s.shape), s.dtype)
@@ -97,22 +119,33 @@ class Learner:
     return batch
 
   def run(self, stop):
-    """Trains until `stop()` is true."""
+    """Trains until `stop()` is true (in any process)."""
     run = self.config.run
-    train = Prefetch(self.replay, 'sample_batch_train')
+    method = 'sample_batch_train' if self.lead else 'sample_share_train'
+    train = Prefetch(self.replay, method, self.rows)
     should_log = elements.when.Clock(run.log_every)
     should_report = elements.when.Clock(run.report_every)
     fps = elements.FPS()
-    while not stop():
-      batch = train.next(stop)
-      if batch is None:
+    while True:
+      batch = None if stop() else train.next(stop)
+      flags = self.gather(batch is not None, should_report(), should_log())
+      if not flags[:, 0].all():
         break
+      report, log = flags[0, 1:]  # Process 0's clocks decide.
       self.train_step(batch)
       fps.step(self.config.batch_size * self.config.batch_length)
-      if should_report():
+      if report:
         self.report(stop)
-      if should_log():
+      if log:
         self.log({'fps/train': fps.result()})
+
+  def gather(self, *flags):
+    """[processes, len(flags)]: every learner process's flags, in process
+    order; a collective that each process must call at the same point."""
+    flags = np.array(flags, bool)
+    if self.parallel.processes == 1:
+      return flags[None]
+    return np.asarray(multihost_utils.process_allgather(flags))
 
   def train_step(self, batch):
     acted = batch.pop('version', None)  # absent in replays from before it
@@ -122,31 +155,34 @@ class Learner:
     self.state, self.carry, outs, mets = self.parallel.train(
         self.state, self.carry, self.parallel.put_rows(batch))
     self.counters['version'] += 1
-    self.params.publish(
-        policy_params(self.state['params']), self.counters['version'])
+    if self.params is not None:
+      self.params.publish(self.parallel.local(
+          policy_params(self.state['params'])), self.counters['version'])
     if 'replay' in outs:  # Only with replay_context: nothing reads them else.
-      self.replay.update(jax.device_get(outs['replay']))
+      self.replay.update(self.parallel.local_rows(outs['replay']))
     for key, value in mets.items():
       self.metrics[key].append(value)
 
   def report(self, stop):
-    batch = wait(self.replay.sample_batch_report(), stop)
-    if batch is None:
+    """Reports on a train batch, then on an eval batch where every process
+    has one (no eval episode yet: none)."""
+    batch = wait(self.replay.sample_batch_report(self.rows), stop)
+    if not self.gather(batch is not None).all():
       return
     mets = self._report(batch)
     self._send({f'report/{k}': v for k, v in mets.items()})
-    batch = wait(self.replay.sample_batch_eval(), stop)
-    if batch:
+    batch = wait(self.replay.sample_batch_eval(self.rows), stop)
+    if self.gather(bool(batch)).all():
       mets = self._report(batch)
-      self._send({f'eval/{k}': v for k, v in jax.device_get(mets).items()})
+      self._send({f'eval/{k}': v for k, v in mets.items()})
 
   def _report(self, batch):
     batch = {k: v for k, v in batch.items() if k != 'version'}
     mets = self.parallel.report(self.state, self.parallel.put_rows(batch))
-    return jax.device_get(mets)
+    return jax.device_get(self.parallel.local(mets))
 
   def log(self, extra):
-    mets = jax.device_get(dict(self.metrics))
+    mets = jax.device_get(self.parallel.local(dict(self.metrics)))
     self.metrics.clear()
     summary = {f'train/{k}': float(np.mean(v)) for k, v in mets.items()}
     if self.lags:
@@ -157,7 +193,7 @@ class Learner:
     self._send(summary)
 
   def save(self):
-    self.ckpt.save(self.state, dict(self.counters))
+    self.ckpt.save(self.parallel.local(self.state), dict(self.counters))
 
   def _send(self, metrics):
     if self.logger is not None:

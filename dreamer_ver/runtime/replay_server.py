@@ -38,16 +38,9 @@ says how hard it flushes): rows the service acknowledged survive a SIGKILL.
   ``replay/batch_log.py``.
 
 Shipments are stored once (a batch logged but not answered at a kill comes
-back from the log, and the client resends it). The actor stamps each batch
-with ``[sender, seq]`` (``actor/shipping.py``) and sends in seq order; the
-service remembers per sender the newest shipment it stored and how many of
-its rows (``_shipments``: updated per row under the log lock, carried by
-each log record and by the checkpoint). A batch with an older seq, or the
-same one fully stored, is answered {} without storing anything: a resend.
-One cut short (by a stop, or by a kill after a save's cut fell inside it)
-stores the rest when resent. A lower seq can only be a resend: add_batch
-calls run one at a time in arrival order, and a reconnected client resends
-in order before its new calls. A batch without an id is stored as it comes.
+back from the log, and the client resends it): ``StoredShipments`` in
+``runtime/transitions.py``, updated per row under the log lock and carried
+by each log record and by the checkpoint.
 
 ``serve_replay(config)`` is the process: it exposes the service over portal's
 protocol (``rpc/server.py``; one worker per method, so a blocked
@@ -78,14 +71,15 @@ from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, peer, run_periodically, server_kwargs)
 from dreamer_ver.rpc.server import Server
-from dreamer_ver.runtime.transitions import check_rows, shipment_of
+from dreamer_ver.runtime.transitions import (
+    StoredShipments, check_rows, shipment_of)
 
 # Columns of a transition batch that route rows and are never stored.
 ROUTING_KEYS = ('envid', 'is_eval')
 
 METHODS = (
-    'add_batch', 'sample_batch_train', 'sample_batch_report',
-    'sample_batch_eval', 'update')
+    'add_batch', 'sample_batch_train', 'sample_share_train',
+    'sample_batch_report', 'sample_batch_eval', 'update')
 
 
 class Closing(RuntimeError):
@@ -116,9 +110,7 @@ class ReplayService:
     # lock, as do log appends and a save's cut: the cut falls between rows.
     self._log_lock = threading.Lock()
     self._unlogged = None  # batch_log.PendingRows of the running add_batch
-    # sender -> (seq, rows): its newest shipment stored, and how many of
-    # that batch's rows (all but for a batch cut short).
-    self._shipments = {}
+    self.shipments = StoredShipments()
     self.poll = poll
     self._closing = threading.Event()
     self._cond = threading.Condition()  # Wakes waiters on insert/sample/close.
@@ -144,7 +136,7 @@ class ReplayService:
     shipment = shipment_of(trans, 'add_batch')
     unlogged = self._unlogged = batch_log.PendingRows(envid, is_eval, data, shipment)
     try:
-      for index in range(self._first_new_row(shipment, len(envid)),
+      for index in range(self.shipments.first_new_row(shipment, len(envid)),
                          len(envid)):
         # The limiter counts sequences (items), as upstream: a row that
         # completes none never waits, or a fleet with more envs than the
@@ -161,18 +153,6 @@ class ReplayService:
         self.wal.commit()  # Before the reply: what is acknowledged is logged.
     return {}
 
-  def _first_new_row(self, shipment, rows):
-    """The first row of a batch of ``rows`` rows that is not stored yet:
-    0 for a new shipment or a batch without an id, ``rows`` for an older
-    one, and for the newest one the rows it stored."""
-    if shipment is None:
-      return 0
-    sender, seq = shipment
-    stored_seq, stored_rows = self._shipments.get(sender, (-1, 0))
-    if seq < stored_seq:
-      return rows
-    return stored_rows if seq == stored_seq else 0
-
   def _store(self, unlogged, index, counts):
     step = {key: value[index] for key, value in unlogged.data.items()}
     worker = int(unlogged.envid[index])
@@ -182,9 +162,7 @@ class ReplayService:
       unlogged.note(index, replay.add(step, worker=worker), counts)
       if counts:
         self.limiter.insert()
-      if unlogged.shipment is not None:
-        sender, seq = unlogged.shipment
-        self._shipments[sender] = (seq, index + 1)
+      self.shipments.stored(unlogged.shipment, index + 1)
     if not evaluating:
       self._notify()
 
@@ -202,14 +180,19 @@ class ReplayService:
 
   # ------------------------------------------------------------- sampling
 
-  def sample_batch_train(self, timeout=None):
-    """[batch_size, batch_length + replay_context] sequences for training.
+  def sample_batch_train(self, rows=None, timeout=None):
+    """[rows, batch_length + replay_context] sequences for training, rows
+    defaulting to batch_size. Counts one update's batch (batch_size
+    sequences) in the limiter, whatever ``rows``: a multi-host learner's
+    first process takes its share here, the others theirs from
+    ``sample_share_train``.
 
     Waits while the limiter refuses (too little data, or the learner is too
     far ahead), then while the buffer has no sequence yet. Raises
     TimeoutError after ``timeout`` seconds and Closing when the service stops.
     """
     self.activity += 1
+    rows = self._rows(rows)
     deadline = None if timeout is None else time.monotonic() + timeout
     if not self._wait('sample', self.limiter.want_sample, timeout):
       raise Closing('Replay is closing.')
@@ -217,27 +200,46 @@ class ReplayService:
       self.limiter.sample(self.batch_size)  # The limiter counts sequences.
       self.wal.append({'samples': self.batch_size})
     self._notify()
-    return self._sample(self.train, 'train', deadline)
+    return self._sample(self.train, 'train', rows, deadline)
 
-  def sample_batch_report(self, timeout=None):
-    """[batch_size, report_length + replay_context]: the first steps of
-    train sequences (no limiter: reports do not count as training)."""
+  def sample_share_train(self, rows):
+    """[rows, batch_length + replay_context] sequences of an update that
+    ``sample_batch_train`` already counted: the limiter is not asked."""
+    self.activity += 1
+    return self._sample(self.train, 'train', self._rows(rows), None)
+
+  def sample_batch_report(self, rows=None, timeout=None):
+    """[rows, report_length + replay_context]: the first steps of train
+    sequences (no limiter: reports do not count as training)."""
     self.activity += 1
     deadline = None if timeout is None else time.monotonic() + timeout
-    batch = self._sample(self.train, 'report', deadline)
+    batch = self._sample(self.train, 'report', self._rows(rows), deadline)
     return {
         key: np.ascontiguousarray(value[:, :self.report_length])
         for key, value in batch.items()}
 
-  def sample_batch_eval(self):
+  def sample_batch_eval(self, rows=None):
     """Like the report batch, from eval episodes; {} while there are none
     (the learner's eval stream must never block)."""
     self.activity += 1
+    rows = self._rows(rows)
     if not len(self.eval):
       return {}
-    return self.eval.sample(self.batch_size, 'eval', timeout=0)
+    return self.eval.sample(rows, 'eval', timeout=0)
 
-  def _sample(self, replay, mode, deadline):
+  def _rows(self, rows):
+    """A caller's row count, checked: 1 to batch_size (None: batch_size)."""
+    if rows is None:
+      return self.batch_size
+    value = np.asarray(rows)  # The wire carries ints as 0-d arrays.
+    if value.shape or value.dtype.kind not in 'iu' or not (
+        1 <= value <= self.batch_size):
+      raise ValueError(
+          f'rows must be an integer from 1 to batch_size '
+          f'({self.batch_size}), got {rows!r}.')
+    return int(value)
+
+  def _sample(self, replay, mode, rows, deadline):
     while True:
       if self._closing.is_set():
         raise Closing('Replay is closing.')
@@ -245,7 +247,7 @@ class ReplayService:
       if deadline is not None:
         wait = min(wait, max(0.0, deadline - time.monotonic()))
       try:
-        return replay.sample(self.batch_size, mode, timeout=wait)
+        return replay.sample(rows, mode, timeout=wait)
       except TimeoutError:
         if deadline is not None and time.monotonic() >= deadline:
           raise TimeoutError(
@@ -372,8 +374,7 @@ class ReplayService:
       if self._unlogged is not None:
         self._log(self._unlogged)
       state = {'limiter': self.limiter.save(),
-               'shipments': {str(sender): list(stored) for sender, stored
-                             in self._shipments.items()},
+               'shipments': self.shipments.save(),
                'wal_generation': self.wal.rotate(), 'time': time.time()}
     self.train.save(wait=True)
     self.eval.save(wait=True)
@@ -389,9 +390,7 @@ class ReplayService:
     if self.ckpt.exists():
       state = json.loads(self.ckpt.read_text())
       self.limiter.load(state['limiter'])
-      self._shipments = {
-          int(sender): tuple(stored)
-          for sender, stored in state.get('shipments', {}).items()}
+      self.shipments.load(state.get('shipments', {}))
       covered = state.get('wal_generation', 0)  # Older checkpoints: no log.
       limiter = True
     with self._log_lock:
@@ -416,7 +415,7 @@ class ReplayService:
       self.limiter.insert(int(record['inserts']))
       if 'shipment' in record:
         sender, seq, rows = record['shipment'].tolist()
-        self._shipments[sender] = (seq, rows)
+        self.shipments.stored((sender, seq), rows)
       columns = batch_log.columns(record)
       for evals, replay in ((False, self.train), (True, self.eval)):
         rows = np.flatnonzero(is_eval == evals)

@@ -5,7 +5,8 @@ array [N] and every other value has N rows, except the optional shipment id
 (`SHIPMENT`: int [sender, seq], stamped by the actor's Shipper) by which a
 server recognises a resent batch. The replay and logger servers check it
 before touching their state, so a malformed batch changes nothing and its
-caller gets an error naming the key.
+caller gets an error naming the key. `StoredShipments` tells a server
+which rows of a resent batch it has not stored yet.
 """
 
 import collections.abc
@@ -56,3 +57,45 @@ def shipment_of(trans, method):
         f'received {shipment.dtype} {shipment.shape}.')
   sender, seq = shipment.tolist()
   return sender, seq
+
+
+class StoredShipments:
+  """Per sender, the newest shipment a server stored and how many of its
+  rows, so that every shipment is stored once.
+
+  The actor stamps each batch with ``[sender, seq]`` (``actor/shipping.py``)
+  and sends in seq order. A batch with an older seq, or the same one fully
+  stored, is a resend and stores nothing. One cut short (by a stop, or by a
+  kill after a save's cut fell inside it) stores the rest when resent. A
+  lower seq can only be a resend: a server takes one sender's batches one
+  at a time in arrival order, and a reconnected client resends in order
+  before its new calls. A batch without an id is stored as it comes.
+  """
+
+  def __init__(self):
+    self.newest = {}  # sender -> (seq, rows of that batch stored)
+
+  def first_new_row(self, shipment, rows):
+    """The first row of a batch of ``rows`` rows that is not stored yet:
+    0 for a new shipment or a batch without an id, ``rows`` for an older
+    one, and for the newest one the rows it stored."""
+    if shipment is None:
+      return 0
+    sender, seq = shipment
+    stored_seq, stored_rows = self.newest.get(sender, (-1, 0))
+    if seq < stored_seq:
+      return rows
+    return stored_rows if seq == stored_seq else 0
+
+  def stored(self, shipment, rows):
+    """Notes that the first ``rows`` rows of ``shipment`` are stored."""
+    if shipment is not None:
+      sender, seq = shipment
+      self.newest[sender] = (seq, rows)
+
+  def save(self):
+    return {str(sender): list(stored) for sender, stored in self.newest.items()}
+
+  def load(self, state):
+    self.newest = {int(sender): tuple(stored)
+                   for sender, stored in state.items()}

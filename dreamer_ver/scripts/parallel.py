@@ -8,6 +8,8 @@
   parallel_replay  the replay server, in a supervised child process
   parallel_logger  the logger server, in a supervised child process
   parallel_agent   the actor and learner, in a supervised child process
+  parallel_learner a learner of a multi-host run (`jax.process_id` > 0) on
+                   another host, in a supervised child process
 
 Components find each other by `run.actor_addr`, `run.replay_addr` and
 `run.logger_addr`. The run stops by itself once `run.steps` train env steps
@@ -27,6 +29,7 @@ from dreamer_ver.runtime.process import StopSignal, with_token
 from dreamer_ver.runtime.supervisor import Children
 
 AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
+LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
 REPLAY = 'dreamer_ver.runtime.replay_server:serve_replay'
 LOGGER = 'dreamer_ver.runtime.logger_server:serve_logger'
 
@@ -80,6 +83,10 @@ def parallel_logger(config):
 
 def parallel_agent(config):
   return _supervised(config, 'agent', AGENT)
+
+
+def parallel_learner(config):
+  return _supervised(config, 'learner', LEARNER)
 
 
 def _supervised(config, name, target):
