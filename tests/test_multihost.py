@@ -2,7 +2,9 @@
 parallel` as process 0 (the agent with the first learner, replay, logger,
 envs) and `--script parallel_learner` as process 1, joined by
 `jax.distributed` with CPU collectives over Gloo. Both learners train the
-same updates, each on its own share of every batch, and stop together."""
+same updates, each on its own share of every batch, and stop together; a
+learner process that dies takes the agent's learner down with it, and both
+come back and finish the run."""
 
 import json
 import os
@@ -10,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from dreamer_ver.rpc.addresses import free_port
@@ -19,44 +22,59 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '20', '--run.log_every', '1',
          '--run.report_every', '1', '--run.save_every', '5',
          '--jax.processes', '2']
+STOPPED = re.compile(r'Learner process 1 stopped at params version (\d+)')
 
 
-def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
-  logdir = tmp_path / 'run'
-  shared = [*FLAGS, '--logdir', str(logdir),
+def _launch(tmp_path, steps):
+  """Starts process 0 and process 1 (each its own session, so a cleanup
+  can kill them with their supervised children); returns (procs, logs)."""
+  shared = [*FLAGS, '--logdir', str(tmp_path / 'run'),
             '--jax.coordinator', f'127.0.0.1:{free_port()}',
             '--run.replay_addr', f'127.0.0.1:{free_port()}']
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
-  logs = {name: tmp_path / f'{name}.log' for name in ('agent', 'learner')}
   commands = {
       'agent': ['--script', 'parallel', '--jax.process_id', '0',
-                '--run.steps', '400'],
+                '--run.steps', str(steps)],
       'learner': ['--script', 'parallel_learner', '--jax.process_id', '1']}
-  procs = {}
+  procs, logs = {}, {}
+  for name, command in commands.items():
+    logs[name] = tmp_path / f'{name}.log'
+    with open(logs[name], 'w') as log:
+      procs[name] = subprocess.Popen(
+          [sys.executable, '-m', 'dreamer_ver.main', *command, *shared],
+          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+          start_new_session=True)
+  return procs, logs
+
+
+def _finish(procs, logs, timeout=300):
+  """Both exit codes and logs; kills whatever is left after `timeout`."""
   try:
-    for name, command in commands.items():
-      with open(logs[name], 'w') as log:
-        procs[name] = subprocess.Popen(
-            [sys.executable, '-m', 'dreamer_ver.main', *command, *shared],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    codes = {name: procs[name].wait(timeout=300) for name in procs}
+    codes = {name: proc.wait(timeout=timeout) for name, proc in procs.items()}
   finally:
-    for proc in procs.values():  # With their supervised children.
+    for proc in procs.values():
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-  out = {name: path.read_text() for name, path in logs.items()}
+  return codes, {name: path.read_text() for name, path in logs.items()}
+
+
+def _check_lockstep(logdir, out):
+  """Both processes stopped after the same update, and the agent saved."""
+  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  stopped = STOPPED.findall(out['learner'])
+  assert stopped, out['learner'][-3000:]
+  assert int(stopped[-1]) == counters['version'] >= 2, (stopped, counters)
+
+
+def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
+  procs, logs = _launch(tmp_path, steps=400)
+  codes, out = _finish(procs, logs)
   assert codes == {'agent': 0, 'learner': 0}, (
       out['agent'][-3000:], out['learner'][-3000:])
   for text in out.values():
     assert 'restarting in' not in text and 'Traceback' not in text, text[-3000:]
-  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
-  stopped = re.search(r'Learner process 1 stopped at params version (\d+)',
-                      out['learner'])
-  assert stopped, out['learner'][-3000:]
-  # The same number of updates: every update was a step of both processes.
-  assert int(stopped.group(1)) == counters['version'] >= 2, (
-      stopped.group(1), counters)
+  logdir = tmp_path / 'run'
+  _check_lockstep(logdir, out)
   # Process 1 never wrote into the logdir: config.yaml is process 0's.
   assert 'process_id: 0' in (logdir / 'config.yaml').read_text()
   metrics = [json.loads(line) for line in
@@ -64,3 +82,30 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
   keys = set().union(*metrics)
   # Reports ran (a collective of both processes) and the loss was logged.
   assert {'train/loss/dyn', 'report/loss/dyn'} <= keys, sorted(keys)
+
+
+def test_a_killed_learner_process_restarts_with_the_agent(tmp_path):
+  procs, logs = _launch(tmp_path, steps=3000)
+  try:
+    deadline = time.monotonic() + 240
+    while 'training from' not in logs['learner'].read_text():
+      assert time.monotonic() < deadline, logs['learner'].read_text()[-3000:]
+      time.sleep(0.5)
+    time.sleep(2)  # A few updates in.
+    supervisor = procs['learner'].pid
+    child = subprocess.run(
+        ['pgrep', '-P', str(supervisor), '-f', 'spawn_main'],
+        capture_output=True, text=True).stdout.split()
+    assert child, 'no supervised learner process'
+    os.kill(int(child[0]), signal.SIGKILL)
+  finally:
+    codes, out = _finish(procs, logs)
+  assert codes == {'agent': 0, 'learner': 0}, (
+      out['agent'][-3000:], out['learner'][-3000:])
+  # The learner was restarted, and the agent, whose collectives failed,
+  # exited and was restarted too; both then trained the run to its end.
+  assert 'learner exited with code -9; restarting' in out['learner']
+  assert re.search(r'agent exited with code -?\d+; restarting',
+                   out['agent']), out['agent'][-3000:]
+  assert out['learner'].count('training from') == 2
+  _check_lockstep(tmp_path / 'run', out)
