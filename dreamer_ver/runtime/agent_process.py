@@ -119,6 +119,7 @@ def run_agent(config, stop=None):
   shipper = actor.shipper
   start = time.monotonic()
   failed = []  # The learner thread's exception, if it raised.
+  cause = None  # Why the agent cannot go on, once the main loop finds it.
   done = lambda: bool(stop) or shipper.served >= run.steps or (
       run.duration > 0 and time.monotonic() - start >= run.duration)
   server.start()
@@ -131,7 +132,8 @@ def run_agent(config, stop=None):
         learner.save()
       return done()
     try:
-      learner.run(stop_or_save)
+      learner.run(stop_or_save, failing=lambda: cause is not None)
+      stop.set()  # The learners stopped (another process may have): so do we.
     except Exception as error:
       traceback.print_exc()
       failed.append(error)
@@ -152,7 +154,6 @@ def run_agent(config, stop=None):
   fps = elements.FPS()
   last = shipper.served
   first = shipper.served  # None once the first action is out
-  cause = None
   try:
     while not done():
       stop.wait(0.2)
@@ -207,8 +208,10 @@ def run_learner(config, stop=None):
   """A learner process of a multi-host run (`jax.process_id` > 0; see
   runtime/learner.py): trains its share of every batch in lockstep with the
   agent process until the agent's learner stops, or SIGINT/SIGTERM (or
-  `stop`) stops this one, which stops them all. Returns 0. It has no actor
-  and saves nothing: process 0 saves the state they share."""
+  `stop`) stops this one, which stops them all. Returns 0, or 1 when the
+  agent stopped for a failure (it restarts, and this process must restart
+  to join it). It has no actor and saves nothing: process 0 saves the
+  state they share."""
   config = with_token(config)
   stop = stop if stop is not None else StopSignal()
   _, train_devices = devices.setup(config)
@@ -220,12 +223,15 @@ def run_learner(config, stop=None):
         f'training from params version {learner.counters["version"]}.',
         flush=True)
   try:
-    learner.run(lambda: bool(stop))
+    agent_failed = learner.run(lambda: bool(stop))
   finally:
     learner.replay.close(timeout=1)
   print(f'Learner process {config.jax.process_id} stopped at params version '
-        f'{learner.counters["version"]}.', flush=True)
-  return 0
+        f'{learner.counters["version"]} (params checksum '
+        f'{learner.checksum()!r}).', flush=True)
+  if agent_failed:
+    print('The agent process failed: restarting with it.', flush=True)
+  return 1 if agent_failed else 0
 
 
 def failure(learner_errors, server, links):

@@ -34,7 +34,12 @@ def setup(config):
   _compile_cache(config)
   if cfg.processes > 1:
     # CPU devices of different processes talk over Gloo; GPUs use NCCL.
+    # The learners' small agreements (multihost_utils) span every device of
+    # every process, so each host should have the same device count.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    # JAX's preemption service would take SIGTERM for itself; our processes
+    # stop (and save) on it through runtime/process.StopSignal.
+    jax.config.update('jax_enable_preemption_service', False)
     jax.distributed.initialize(
         cfg.coordinator, num_processes=cfg.processes,
         process_id=cfg.process_id)

@@ -19,14 +19,16 @@ all training the same steps together (every step is a collective). They
 start from process 0's state (its checkpoint, broadcast). Each samples its
 own share of every batch from the replay server: process 0 through the
 limiter, which counts the whole batch, the others without it
-(`sample_share_train`). Once per update the processes agree: they go on
-only while every one of them has its share (so a process that stops, at
-the end of the run or on SIGTERM, stops them all at the same update) and
-report and log when process 0's clocks say so. Process 0 alone publishes params to
-its actor, logs, and saves; each process writes back its own rows'
-latents. A process that dies leaves the others blocked in their next
-collective until JAX's coordination service notices and ends them; their
-supervisors restart them from process 0's last checkpoint.
+(`sample_share_train`, once process 0 has its share). Once per update the
+processes agree: they go on only while every one is ready (so a process
+that stops, at the end of the run or on SIGTERM, stops them all after the
+same update, and when process 0 stops for a failure of its agent, the
+others exit to be restarted with it), and report and log when process 0's
+clocks say so. Process 0 alone publishes params to its actor, logs (the
+policy lag of its own rows) and saves; each process writes back its own
+rows' latents. A process that dies leaves the others blocked in their next
+collective until JAX's coordination service ends them; their supervisors
+restart every one from process 0's last checkpoint.
 """
 
 import collections
@@ -118,26 +120,42 @@ class Learner:
     batch['consec'] = np.zeros((B, length), np.int32)
     return batch
 
-  def run(self, stop):
-    """Trains until `stop()` is true (in any process)."""
+  def run(self, stop, failing=lambda: False):
+    """Trains until `stop()` is true in any process. Returns True where
+    process 0 stopped because `failing()` (its agent failed and restarts,
+    so the others must too), else False."""
     run = self.config.run
-    method = 'sample_batch_train' if self.lead else 'sample_share_train'
-    train = Prefetch(self.replay, method, self.rows)
+    if self.lead:
+      train = Prefetch(self.replay, 'sample_batch_train', self.rows)
     should_log = elements.when.Clock(run.log_every)
     should_report = elements.when.Clock(run.report_every)
     fps = elements.FPS()
     while True:
-      batch = None if stop() else train.next(stop)
-      flags = self.gather(batch is not None, should_report(), should_log())
+      if self.lead:
+        batch = None if stop() else train.next(stop)
+        ready = batch is not None
+      else:
+        ready = not stop()
+      flags = self.gather(ready, should_report(), should_log(), failing())
       if not flags[:, 0].all():
-        break
-      report, log = flags[0, 1:]  # Process 0's clocks decide.
+        return bool(flags[0, 3])
+      report, log = flags[0, 1:3]  # Process 0's clocks decide.
+      if not self.lead:
+        # Sampled once process 0 passed the limiter for this update, so a
+        # share never comes from a buffer still filling up.
+        batch = self.replay.sample_share_train(self.rows).result()
       self.train_step(batch)
       fps.step(self.config.batch_size * self.config.batch_length)
       if report:
         self.report(stop)
       if log:
         self.log({'fps/train': fps.result()})
+
+  def checksum(self):
+    """The sum of |params| in float64; the same in every learner process."""
+    params = jax.device_get(self.parallel.local(self.state['params']))
+    return sum(float(np.abs(np.asarray(x, np.float64)).sum())
+               for x in jax.tree.leaves(params))
 
   def gather(self, *flags):
     """[processes, len(flags)]: every learner process's flags, in process

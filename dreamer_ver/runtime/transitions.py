@@ -94,8 +94,10 @@ class StoredShipments:
       self.newest[sender] = (seq, rows)
 
   def save(self):
+    """As JSON: {"sender": [seq, rows]}."""
     return {str(sender): list(stored) for sender, stored in self.newest.items()}
 
   def load(self, state):
+    """From what `save` returned."""
     self.newest = {int(sender): tuple(stored)
                    for sender, stored in state.items()}
