@@ -294,10 +294,12 @@ def test_learner_sends_report_videos_to_the_logger(reported, tmp_path):
   agent, state, batch, report = reported
 
   class Replay:  # The replay client's futures, answered at once.
-    def sample_batch_report(self):
+    def sample_batch_report(self, rows):
+      assert rows == agent.config.batch_size  # One process: every row.
       return self._answer()
 
-    def sample_batch_eval(self):
+    def sample_batch_eval(self, rows):
+      assert rows == agent.config.batch_size
       return self._answer()
 
     def _answer(self):
