@@ -99,6 +99,81 @@ def test_block_linear_fan_in_is_the_whole_input():
         1 / np.sqrt(fan), rel=0.05), name
 
 
+def _rssm_core_reference(p, deter, stoch, action, blocks):
+  """Upstream's block-GRU step in numpy (float64): every block's input is
+  its deter slice concatenated with all of [dynin(deter), dynin(stoch),
+  dynin(action)]; the block outputs are [reset, cand, update] per block."""
+  silu = lambda x: x / (1 + np.exp(-x))
+  sigmoid = lambda x: 1 / (1 + np.exp(-x))
+  rms = lambda x, scale: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-4) * scale
+  dense = lambda q, x: silu(rms(
+      x @ q['linear']['kernel'] + q['linear']['bias'], q['norm']['scale']))
+  def block(q, x):  # [B, g * i] -> [B, units]
+    x = x.reshape((len(x), blocks, -1))
+    y = np.einsum('bgi,gio->bgo', x, q['kernel'])
+    return y.reshape((len(x), -1)) + q['bias']
+  p = jax.tree.map(lambda v: np.asarray(v, np.float64), p)
+  B = len(deter)
+  x = np.concatenate([dense(p['dynin0'], deter),
+                      dense(p['dynin1'], stoch.reshape((B, -1))),
+                      dense(p['dynin2'], action)], -1)
+  x = np.repeat(x[:, None], blocks, 1)
+  x = np.concatenate([deter.reshape((B, blocks, -1)), x], -1).reshape((B, -1))
+  x = silu(rms(block(p['dynhid0'], x), p['dynhid0norm']['scale']))
+  x = block(p['dyngru'], x).reshape((B, blocks, 3, -1))
+  reset, cand, update = [x[:, :, i].reshape(deter.shape) for i in range(3)]
+  cand = np.tanh(sigmoid(reset) * cand)
+  update = sigmoid(update - 1)
+  return update * cand + (1 - update) * deter
+
+
+@pytest.mark.parametrize('backend', ['cpu', 'gpu'])
+def test_rssm_core_is_upstreams_block_gru(backend, monkeypatch):
+  # The core never builds upstream's per-block copies of the inputs (the
+  # shared rows of the first block layer are one dense product) and runs
+  # the blocks one by one on CPU, one einsum elsewhere: all the same step.
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  blocks = 4
+  dyn = rssm.RSSM({'action': elements.Space(np.int32, (), 0, 3)}, deter=32,
+                  hidden=8, stoch=4, classes=3, blocks=blocks)
+  key = jax.random.PRNGKey(0)
+  params = dyn.init(key, dyn.initial(1), jnp.zeros((1, 3)), jnp.zeros((1, 16)),
+                    jnp.zeros((1,), bool), key)['params']
+  params = perturbed(params)
+  rng = np.random.default_rng(0)
+  deter = rng.normal(size=(5, 32)).astype(np.float32)
+  stoch = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (5, 4))]
+  action = rng.normal(size=(5, 3)).astype(np.float32)
+  ours = dyn.apply({'params': params}, deter, stoch, action, method=dyn.core)
+  want = _rssm_core_reference(params, deter, stoch, action, blocks)
+  np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-5)
+  assert np.abs(want - deter).max() > 0.1  # The step moved the state.
+
+
+def test_latent_samples_follow_the_probabilities():
+  # 40,000 draws per distribution from one fixed key: the counts of each
+  # class are within 4.5 standard deviations of probs * n; classes with
+  # probability 0 are never drawn (no unimix here).
+  probs = np.array([[0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 1.0, 0.0],
+                    [0.5, 0.0, 0.0, 0.5]])
+  n = 40_000
+  logits = jnp.log(jnp.asarray(np.repeat(probs[None], n, 0)))
+  sample = np.asarray(dists.OneHot(logits).sample(jax.random.PRNGKey(3)))
+  onehot = np.round(sample)  # + probs - sg(probs) rounds to 1 - 6e-8
+  np.testing.assert_allclose(sample, onehot, atol=1e-6)
+  np.testing.assert_array_equal(onehot.sum(-1), 1)
+  counts = onehot.sum(0)
+  np.testing.assert_array_less(
+      np.abs(counts - probs * n), 4.5 * np.sqrt(n * probs * (1 - probs)) + 1e-9)
+  assert counts[1, 2] == n and counts[2, 1] == counts[2, 2] == 0
+  index = dists.Categorical(logits, low=-1).sample(jax.random.PRNGKey(4))
+  index = np.asarray(index)
+  assert index.dtype == np.int32 and index.min() >= -1 and index.max() <= 2
+  counts = np.stack([(index == k - 1).sum(0) for k in range(4)], -1)
+  np.testing.assert_array_less(
+      np.abs(counts - probs * n), 4.5 * np.sqrt(n * probs * (1 - probs)) + 1e-9)
+
+
 def test_categorical_without_unimix_survives_peaked_logits():
   # A gap of 200 underflows softmax to exactly 0; log-softmax stays exact.
   logits = jnp.array([200.0, 0.0, -5.0])

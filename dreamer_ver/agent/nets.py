@@ -75,12 +75,32 @@ class Linear(nn.Module):
     return x.reshape((*x.shape[:-1], *shape))
 
 
-class BlockLinear(nn.Module):
-  """Block-diagonal dense layer: `blocks` independent groups, one einsum.
+def block_product(x, kernel):
+  """[..., g, i] x [g, i, o] -> [..., g * o]: one product per block.
 
-  The kernel [blocks, in / blocks, out / blocks] is initialised with the
-  whole input size as fan-in (upstream's rule for rank-3 kernels), so each
-  block starts sqrt(blocks) smaller than a dense layer of its own size.
+  XLA:CPU runs a batched `dot_general` (what an einsum over the blocks
+  becomes) at about half the speed of the same g products done one by one
+  (`bench/learner_bench.py`, docs/benchmarks.md), so CPU gets the loop and
+  other backends the einsum. Both compute the same values.
+  """
+  if jax.default_backend() == 'cpu':
+    return jnp.concatenate(
+        [x[..., k, :] @ kernel[k] for k in range(kernel.shape[0])], -1)
+  x = jnp.einsum('...gi,gio->...go', x, kernel)
+  return x.reshape((*x.shape[:-2], -1))
+
+
+class BlockLinear(nn.Module):
+  """Block-diagonal dense layer: `blocks` independent groups.
+
+  `x` [..., blocks * i] is cut into blocks; each block's output sees only
+  its own slice, plus `shared` [..., s] when given: every block sees all of
+  it, as if it were concatenated to each slice (the RSSM core's input). The
+  kernel [blocks, i + s, out / blocks] has the shared rows last; they are
+  applied as one dense product, so the blocks' copies of `shared` are never
+  made. The kernel is initialised with the whole input size as fan-in
+  (upstream's rule for rank-3 kernels), so each block starts sqrt(blocks)
+  smaller than a dense layer of its own size.
   """
   units: int
   blocks: int
@@ -88,17 +108,22 @@ class BlockLinear(nn.Module):
   dtype: jnp.dtype = f32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, shared=None):
     g = self.blocks
     assert x.shape[-1] % g == 0 and self.units % g == 0, (x.shape, self)
-    shape = (g, x.shape[-1] // g, self.units // g)
+    own = x.shape[-1] // g
+    width = 0 if shared is None else shared.shape[-1]
     kernel = self.param(
-        'kernel', trunc_normal_in(self.outscale, fan_axes=(0, 1)), shape)
+        'kernel', trunc_normal_in(self.outscale, fan_axes=(0, 1)),
+        (g, own + width, self.units // g))
     bias = self.param('bias', nn.initializers.zeros, (self.units,))
-    x = x.astype(self.dtype).reshape((*x.shape[:-1], g, shape[1]))
-    x = jnp.einsum('...gi,gio->...go', x, kernel.astype(self.dtype))
-    x = x.reshape((*x.shape[:-2], self.units))
-    return x + bias.astype(self.dtype)
+    kernel = kernel.astype(self.dtype)
+    x = x.astype(self.dtype).reshape((*x.shape[:-1], g, own))
+    out = block_product(x, kernel[:, :own])
+    if shared is not None:
+      wide = kernel[:, own:].transpose((1, 0, 2)).reshape((width, self.units))
+      out = out + shared.astype(self.dtype) @ wide
+    return out + bias.astype(self.dtype)
 
 
 class Conv2D(nn.Module):

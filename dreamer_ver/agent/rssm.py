@@ -138,22 +138,25 @@ class RSSM(nn.Module):
     """One block-GRU step; `action` is the embedded action vector."""
     g = self.blocks
     stoch = stoch.reshape((*stoch.shape[:-2], -1))
-    x = jnp.concatenate([
+    inputs = jnp.concatenate([
         self.dynin[0](deter), self.dynin[1](stoch), self.dynin[2](action)], -1)
-    # Every deter block sees its own slice of deter plus all of x.
-    x = jnp.repeat(x[..., None, :], g, -2)
-    groups = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
-    x = jnp.concatenate([groups, x], -1).reshape((*deter.shape[:-1], -1))
+    # Every deter block sees its own slice of deter plus all of the inputs.
+    x, shared = deter, inputs
     for layer, norm in zip(self.dynhid, self.dynhid_norm):
-      x = nets.ACTIVATIONS[self.act](norm(layer(x)))
+      x = nets.ACTIVATIONS[self.act](norm(layer(x, shared)))
+      shared = None
     x = self.dyngru(x).reshape((*deter.shape[:-1], g, 3, -1))
-    reset, cand, update = [
-        x[..., i, :].reshape(deter.shape) for i in range(3)]
-    reset = jax.nn.sigmoid(reset)
-    cand = jnp.tanh(reset * cand)
-    update = jax.nn.sigmoid(update - 1)
-    deter = update * cand + (1 - update) * deter.astype(x.dtype)
-    return deter.astype(self.dtype)
+    old = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
+    # The gates block by block: XLA:CPU runs the same gates over all blocks
+    # at once (slices of every block in one fusion) several times slower.
+    new = []
+    for k in range(g):
+      reset, cand, update = [x[..., k, i, :] for i in range(3)]
+      reset = jax.nn.sigmoid(reset)
+      cand = jnp.tanh(reset * cand)
+      update = jax.nn.sigmoid(update - 1)
+      new.append(update * cand + (1 - update) * old[..., k, :])
+    return jnp.concatenate(new, -1).astype(self.dtype)
 
   def prior(self, deter):
     x = deter
