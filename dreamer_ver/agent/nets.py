@@ -84,8 +84,12 @@ def block_product(x, kernel):
   other backends the einsum. Both compute the same values.
   """
   if jax.default_backend() == 'cpu':
-    return jnp.concatenate(
-        [x[..., k, :] @ kernel[k] for k in range(kernel.shape[0])], -1)
+    # Split, not slice: the gradient of a split is one concatenate, that of
+    # g slices is g zero-padded copies of the kernel summed.
+    g = kernel.shape[0]
+    xs = jax.lax.split(x, [1] * g, axis=x.ndim - 2)
+    ks = jax.lax.split(kernel, [1] * g, axis=0)
+    return jnp.concatenate([a[..., 0, :] @ k[0] for a, k in zip(xs, ks)], -1)
   x = jnp.einsum('...gi,gio->...go', x, kernel)
   return x.reshape((*x.shape[:-2], -1))
 
