@@ -141,10 +141,9 @@ class RSSM(nn.Module):
     inputs = jnp.concatenate([
         self.dynin[0](deter), self.dynin[1](stoch), self.dynin[2](action)], -1)
     # Every deter block sees its own slice of deter plus all of the inputs.
-    x, shared = deter, inputs
-    for layer, norm in zip(self.dynhid, self.dynhid_norm):
-      x = nets.ACTIVATIONS[self.act](norm(layer(x, shared)))
-      shared = None
+    x = deter
+    for i, (layer, norm) in enumerate(zip(self.dynhid, self.dynhid_norm)):
+      x = nets.ACTIVATIONS[self.act](norm(layer(x, inputs if i == 0 else None)))
     x = self.dyngru(x).reshape((*deter.shape[:-1], g, 3, -1))
     old = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
     # The gates block by block: XLA:CPU runs the same gates over all blocks
