@@ -243,12 +243,15 @@ def _actor(c, run):
 
 
 def _addresses(c):
-  """'{auto}' ports only work when one process starts every component."""
+  """'{auto}' ports only work when one process starts every component
+  (under --script ray, Ray says where each one serves)."""
   addrs = {k: c[f'run.{k}'] for k in ('actor_addr', 'replay_addr',
                                       'logger_addr')}
   for key, addr in addrs.items():
     if not re.fullmatch(r'.+:(\d+|\{auto\})', addr):
       yield f"run.{key} must be host:port or host:{{auto}} (got '{addr}')"
+  if c['script'] == 'ray':
+    return
   explicit = set()
   if c['script'] == 'parallel_learner':  # It talks to replay alone.
     explicit = {'replay_addr'}
@@ -283,14 +286,17 @@ def _devices(c):
            f"{list(c['jax.train_devices'])}, jax.processes {processes}); the "
            f"data-parallel learner runs in the agent process (scripts "
            f"parallel, parallel_agent and ray)")
-  if c['script'] in ('eval_only', 'ray') and processes > 1:
-    yield (f"script {c['script']!r} runs in one process (got jax.processes "
+  if c['script'] == 'eval_only' and processes > 1:
+    yield (f"script 'eval_only' runs in one process (got jax.processes "
            f"{processes}); a multi-host learner runs under the scripts "
-           f"parallel_agent and parallel_learner")
+           f"parallel_agent and parallel_learner, or ray")
   if processes < 1 or not 0 <= process_id < processes:
     yield (f'jax.process_id must be in [0, jax.processes) and jax.processes '
            f'>= 1 (got {process_id} and {processes})')
-  if processes > 1 and not c['jax.coordinator']:
+  if c['script'] == 'ray' and process_id:
+    yield (f"script 'ray' starts every learner process itself: leave "
+           f"jax.process_id at 0 (got {process_id})")
+  if processes > 1 and not c['jax.coordinator'] and c['script'] != 'ray':
     yield ('jax.coordinator (host:port of process 0) is required when '
            'jax.processes > 1')
   learner = c['script'] == 'parallel_learner'

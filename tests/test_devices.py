@@ -125,8 +125,10 @@ def test_a_policy_device_named_twice_is_a_clear_error():
      "script 'train' trains on one device"),
     ({'script': 'train', 'jax.processes': 2, 'jax.coordinator': 'a:1'},
      "script 'train' trains on one device"),
-    ({'script': 'ray', 'jax.processes': 2, 'jax.coordinator': 'a:1'},
-     "script 'ray' runs in one process"),
+    ({'script': 'eval_only', 'jax.processes': 2, 'jax.coordinator': 'a:1'},
+     "script 'eval_only' runs in one process"),
+    ({'script': 'ray', 'jax.processes': 2, 'jax.process_id': 1},
+     "script 'ray' starts every learner process itself"),
     ({'jax.processes': 2, 'run.replay_addr': 'b:2'},
      r'jax.coordinator \(host:port of process 0\) is required'),
     ({'jax.processes': 2, 'jax.process_id': 2, 'jax.coordinator': 'a:1'},
@@ -198,3 +200,8 @@ def test_a_learner_process_needs_only_the_replay_address():
   validation.validate(configlib.compose(['debug'], {
       'script': 'parallel_learner', 'jax.processes': 2, 'jax.process_id': 1,
       'jax.coordinator': 'a:1', 'run.replay_addr': 'b:2'}))
+
+
+def test_the_ray_script_picks_the_coordinator_itself():
+  validation.validate(configlib.compose(['debug'], {
+      'script': 'ray', 'jax.processes': 2}))

@@ -63,12 +63,13 @@ def _finish(procs, logs, timeout=300):
   return codes, {name: path.read_text() for name, path in logs.items()}
 
 
-def _check_lockstep(logdir, out):
+def check_lockstep(logdir, learner_output):
   """Both processes stopped after the same update with the same params:
-  process 1's last report against the checkpoint process 0 saved."""
+  process 1's last report (in its output) against the checkpoint process 0
+  saved."""
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
-  stopped = STOPPED.findall(out['learner'])
-  assert stopped, out['learner'][-3000:]
+  stopped = STOPPED.findall(learner_output)
+  assert stopped, learner_output[-3000:]
   version, checksum = stopped[-1]
   assert int(version) == counters['version'] >= 2, (stopped, counters)
   with np.load(logdir / 'ckpt' / 'agent.npz') as saved:
@@ -77,7 +78,7 @@ def _check_lockstep(logdir, out):
   assert saved > 0 and float(checksum) == pytest.approx(saved, rel=1e-9)
 
 
-def _wait_for_updates(logdir, updates, timeout=240):
+def wait_for_updates(logdir, updates, timeout=240):
   """Until the logged `train/updates` reaches `updates`."""
   deadline = time.monotonic() + timeout
   path = logdir / 'metrics.jsonl'
@@ -96,7 +97,7 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
   learners after the same update; the agent saves and exits 0."""
   procs, logs = _launch(tmp_path, steps=10 ** 6)
   try:
-    _wait_for_updates(tmp_path / 'run', 4)
+    wait_for_updates(tmp_path / 'run', 4)
     procs['learner'].send_signal(signal.SIGTERM)
   finally:
     codes, out = _finish(procs, logs)
@@ -105,7 +106,7 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
   for text in out.values():
     assert 'restarting in' not in text and 'Traceback' not in text, text[-3000:]
   logdir = tmp_path / 'run'
-  _check_lockstep(logdir, out)
+  check_lockstep(logdir, out['learner'])
   # Process 1 never wrote into the logdir: config.yaml is process 0's.
   assert 'process_id: 0' in (logdir / 'config.yaml').read_text()
   metrics = [json.loads(line) for line in
@@ -116,9 +117,9 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
 
 
 def test_a_killed_learner_process_restarts_with_the_agent(tmp_path):
-  procs, logs = _launch(tmp_path, steps=3000)
+  procs, logs = _launch(tmp_path, steps=1500)
   try:
-    _wait_for_updates(tmp_path / 'run', 2)
+    wait_for_updates(tmp_path / 'run', 2)
     supervisor = procs['learner'].pid
     child = subprocess.run(
         ['pgrep', '-P', str(supervisor), '-f', 'spawn_main'],
@@ -135,4 +136,4 @@ def test_a_killed_learner_process_restarts_with_the_agent(tmp_path):
   assert re.search(r'agent exited with code -?\d+; restarting',
                    out['agent']), out['agent'][-3000:]
   assert out['learner'].count('training from') >= 2
-  _check_lockstep(tmp_path / 'run', out)
+  check_lockstep(tmp_path / 'run', out['learner'])

@@ -1,6 +1,6 @@
 """The run on a Ray cluster (`--script ray`), on a local multi-node cluster
 from Ray's own `cluster_utils`: placement over nodes, node loss (env fleets,
-then the replay), SIGTERM, and resume. Loopback only: Ray is told to use
+then the replay), SIGTERM, and resume; a multi-host learner. Loopback only: Ray is told to use
 127.0.0.1 for every node (tests/conftest.py)."""
 
 import os
@@ -16,6 +16,7 @@ ray = pytest.importorskip('ray')
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from dreamer_ver.scripts.ray_cluster import namespace  # noqa: E402
+from test_multihost import check_lockstep, wait_for_updates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'bench'))
@@ -48,13 +49,13 @@ def cluster():
   cluster.shutdown()
 
 
-def _driver(cluster, logdir, steps, output):
+def _driver(cluster, logdir, steps, output, *flags):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
          'PYTHONUNBUFFERED': '1'}
   return subprocess.Popen(
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'ray',
        '--ray.address', cluster.address, '--logdir', str(logdir),
-       '--run.steps', str(steps), *FLAGS],
+       '--run.steps', str(steps), *FLAGS, *flags],
       cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
@@ -158,3 +159,40 @@ def test_ray_run_survives_node_loss_stops_on_sigterm_and_resumes(
 def _agent_saved(logdir):
   """The env step of the agent's last save."""
   return read_json(logdir / 'ckpt' / 'counters.json')['steps']
+
+
+
+@pytest.mark.slow
+def test_ray_runs_a_learner_per_host_and_restarts_them_together(
+    cluster, tmp_path):
+  """With jax.processes 2 the driver starts `learner1` beside the agent; it
+  finds JAX's coordinator where Ray placed the agent, and both train every
+  update together. Its process dies: the agent's collectives fail, the
+  agent restarts (Ray), the new learner joins the new agent's coordinator
+  and the run ends by itself at run.steps, both at the same params."""
+  cluster.add_node(num_cpus=NODE_CPUS)  # Agent and learner fill one each.
+  cluster.wait_for_nodes()
+  logdir = tmp_path / 'run'
+  log = tmp_path / 'driver.log'
+  with log.open('w') as output:
+    driver = _driver(cluster, logdir, 800, output, '--jax.processes', '2')
+  try:
+    wait_for_updates(logdir, 2)
+    nodes = _nodes(logdir, ('agent', 'learner1'))
+    learner = ray.get_actor('learner1', namespace=namespace(logdir))
+    pid = ray.get(learner.__ray_call__.remote(lambda host: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    assert driver.wait(timeout=300) == 0, log.read_text()[-3000:]
+  finally:
+    _kill(driver)
+  assert len(nodes) == 2 and nodes['agent'] != nodes['learner1'], nodes
+  assert not _run_alive(logdir)
+  # Each Ray worker writes its own output file (the driver's copy of it
+  # may miss the last lines of a run that just ended).
+  logs = Path(cluster.head_node.get_logs_dir_path())
+  outputs = [path.read_text(errors='replace')
+             for path in logs.glob('worker-*.out')]
+  learners = [text for text in outputs if 'Learner process 1 of 2' in text]
+  assert len(learners) >= 2, learners  # The killed one, the restarted one.
+  assert any('[ray] agent started again' in text for text in outputs)
+  check_lockstep(logdir, '\n'.join(learners))

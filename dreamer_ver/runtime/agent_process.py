@@ -35,7 +35,7 @@ from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.learner import Learner, loggable
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, peer, server_kwargs, with_token)
+    StopSignal, client_kwargs, peer, resolve, server_kwargs, with_token)
 
 
 def build_agent(config):
@@ -214,6 +214,12 @@ def run_learner(config, stop=None):
   state they share."""
   config = with_token(config)
   stop = stop if stop is not None else StopSignal()
+  # Under --script ray, 'ray:agent/jax.coordinator': process 0's Host
+  # picks the port on whichever node Ray placed it.
+  coordinator = resolve(config.jax.coordinator, stop)
+  if coordinator is None:
+    return 0
+  config = config.update({'jax.coordinator': coordinator})
   _, train_devices = devices.setup(config)
   agent = build_agent(config)
   state = agent.init_state(agent.init_params(config.seed), config.seed)

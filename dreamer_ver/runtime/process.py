@@ -41,12 +41,28 @@ def client_kwargs(config):
 
 def peer(addr):
   """The address a client of a run connects to: `addr` as it is, or for
-  'ray:<name>' a lookup of where the run's Ray-hosted component <name>
-  serves now, asked again at every reconnect (`runtime/ray_host.py`)."""
+  'ray:<name>' (or 'ray:<name>/<config key>') a lookup of where the run's
+  Ray-hosted component <name> serves now, asked again at every reconnect
+  (`runtime/ray_host.py`)."""
   if str(addr).startswith(RAY_PREFIX):
     from dreamer_ver.runtime.ray_host import Lookup
-    return Lookup(addr[len(RAY_PREFIX):])
+    name, _, key = addr[len(RAY_PREFIX):].partition('/')
+    return Lookup(name, key or None)
   return addr
+
+
+def resolve(addr, stop, poll=1.0):
+  """`addr` as a 'host:port' string, for the callers that need one now
+  (JAX's coordinator): a 'ray:' address is looked up until Ray says where
+  it serves. None if `stop` is set first."""
+  where = peer(addr)
+  while callable(where):
+    found = where()
+    if found:
+      return found
+    if stop.wait(poll):
+      return None
+  return where
 
 
 def with_token(config):

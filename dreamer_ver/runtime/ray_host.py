@@ -5,7 +5,7 @@ their per-step traffic stays on our portal-protocol sockets.
              entry points the supervised processes call) in a thread of its
              worker process
   Lookup     a client address: where the run's component <name> serves now
-  start(config, name, target, *args, serves=None, **options) -> actor handle
+  start(config, name, target, *args, serves=(), **options) -> actor handle
   remove(actor, timeout)   stops a Host and removes it (no restart)
   available_gpus(wanted)   `wanted`, or 0 where the cluster has fewer GPUs
 
@@ -24,10 +24,11 @@ seconds of its start, so a component that cannot start does not spin), so
 Ray restarts it the same way.
 
 Addresses. A Host that serves (`serves` names its config key, e.g.
-'run.replay_addr') binds a free port on its node's address and reports it
-with `address()`; everyone else holds 'ray:<name>' in that key, which
-`runtime.process.peer` turns into a `Lookup`, asked again at every
-reconnect. A server that moved to another node is found there.
+'run.replay_addr', or a tuple of keys) picks a free port on its node's
+address for each key and reports it with `address(key)` (by default the
+first key's); everyone else holds 'ray:<name>' (or 'ray:<name>/<key>') in
+that key, which `runtime.process.peer` turns into a `Lookup`, asked again
+at every reconnect. A server that moved to another node is found there.
 """
 
 import importlib
@@ -51,22 +52,25 @@ class Host:
   """One component of a run. Ray calls its methods from a few threads
   (`max_concurrency`), so `join` may wait while `address` answers."""
 
-  def __init__(self, name, target, config, args, serves=None):
+  def __init__(self, name, target, config, args, serves=()):
     self.name = name
-    self.addr = None
+    self.addrs = {}  # config key -> 'ip:port', the first key's first
     if serves:
       ip = ray.util.get_node_ip_address()
-      self.addr = f'{ip}:{free_port(ip)}'
-      config = config.update({serves: self.addr})
+      keys = (serves,) if isinstance(serves, str) else serves
+      self.addrs = {key: f'{ip}:{free_port(ip)}' for key in keys}
+      config = config.update(self.addrs)
     self.code = None
-    self.stopping = StopSignal(install=False)
+    self.stopping = StopSignal(install=False)  # the component may set it too
+    self.asked_to_stop = False  # by `stop`: only then is non-zero final
     self.finished = threading.Event()
     context = ray.get_runtime_context()
     with warnings.catch_warnings():  # Ray warns about its own internals.
       warnings.simplefilter('ignore', DeprecationWarning)
       again = ' again' if context.was_current_actor_reconstructed else ''
+    served = ', '.join(self.addrs.values())
     print(f'[ray] {name} started{again} on node {context.get_node_id()[:8]}'
-          + (f', serving at {self.addr}' if self.addr else ''), flush=True)
+          + (f', serving at {served}' if served else ''), flush=True)
     self.thread = threading.Thread(
         target=self._run, args=(target, config, args), name=name, daemon=True)
     self.thread.start()
@@ -83,7 +87,7 @@ class Host:
     except BaseException:
       traceback.print_exc()
       code = 1
-    if code != 0 and not self.stopping.is_set():
+    if code != 0 and not self.asked_to_stop:
       # Exits before `join` can answer: the driver must see a restart, not
       # a finished component. A component that keeps failing at once is
       # restarted every few seconds, not in a tight loop.
@@ -95,8 +99,12 @@ class Host:
     self.code = code
     self.finished.set()
 
-  def address(self):
-    return self.addr
+  def address(self, key=None):
+    """Where the component serves `key` (by default its first key), or
+    None when it serves nothing."""
+    if key is None:
+      return next(iter(self.addrs.values()), None)
+    return self.addrs[key]
 
   def node(self):
     return ray.get_runtime_context().get_node_id()
@@ -110,17 +118,20 @@ class Host:
   def stop(self, timeout):
     """Tells the component to save and stop; its exit code, or None if it
     is still running after `timeout` seconds."""
+    self.asked_to_stop = True
     self.stopping.set()
     return self.join(timeout)
 
 
 class Lookup:
   """A client address: calls to it return where the run's component `name`
-  serves now, or None while Ray cannot say (it is being placed or
-  restarted; the first such failure is printed)."""
+  serves now (its address for the config `key`, by default its first), or
+  None while Ray cannot say (it is being placed or restarted; the first
+  such failure is printed)."""
 
-  def __init__(self, name):
+  def __init__(self, name, key=None):
     self.name = name
+    self.key = key
     self.handle = None
     self.failed = False
 
@@ -128,7 +139,8 @@ class Lookup:
     try:
       if self.handle is None:
         self.handle = ray.get_actor(self.name)
-      return ray.get(self.handle.address.remote(), timeout=LOOKUP_TIMEOUT)
+      return ray.get(self.handle.address.remote(self.key),
+                     timeout=LOOKUP_TIMEOUT)
     except Exception as error:  # Not created yet, or restarting.
       if not self.failed:
         print(f'[ray] where {self.name} serves is unknown for now: '
@@ -138,10 +150,10 @@ class Lookup:
       return None
 
   def __repr__(self):
-    return f'ray:{self.name}'
+    return f'ray:{self.name}' + (f'/{self.key}' if self.key else '')
 
 
-def start(config, name, target, *args, serves=None, **options):
+def start(config, name, target, *args, serves=(), **options):
   """Creates the Host `name` (a named actor in the driver's namespace) for
   `target`; `options` are Ray's (num_cpus, num_gpus, scheduling_strategy)."""
   actor = ray.remote(Host).options(

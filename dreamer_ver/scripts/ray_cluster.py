@@ -4,11 +4,14 @@
         --ray.address auto
 
 Ray is the control plane: it places the logger, the replay, the agent
-(actor + learner, on a GPU when the cluster has one), one env fleet per
+(actor + learner, on a GPU when the cluster has one), with `jax.processes`
+> 1 the other learner processes of a multi-host learner (`learner1`, ...;
+placed like the agent and spread over the nodes), one env fleet per
 `run.envs_per_worker` envs and, with `run.eval_every`, the agent's eval
 worker (`runtime/eval_worker.py`; the agent creates it, so it goes when
 the agent goes), restarts whatever dies (on another node when a node is
-gone), and tells the components where the others serve. The data
+gone), and tells the components where the others serve: the learners find
+JAX's coordinator where the agent's Host serves it. The data
 plane stays on our sockets: envs ask the actor for actions, transitions and
 samples travel between agent and replay exactly as in `--script parallel`
 (`bench/ray_bench.py` measures why). This driver assigns every fleet's
@@ -33,6 +36,7 @@ from dreamer_ver.runtime.outputs import missing
 from dreamer_ver.runtime.process import RAY_PREFIX, StopSignal, with_token
 
 AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
+LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
 REPLAY = 'dreamer_ver.runtime.replay_server:serve_replay'
 LOGGER = 'dreamer_ver.runtime.logger_server:serve_logger'
 ENVS = 'dreamer_ver.runtime.env_worker:run_envs'
@@ -84,7 +88,8 @@ def namespace(logdir):
 
 def start_run(config, hosts):
   """Creates the run's Ray actors, adding each to `hosts` (name -> handle)
-  as it is created: logger, replay, agent, env fleets."""
+  as it is created: logger, replay, agent, the other learner processes,
+  env fleets."""
   import ray
 
   from dreamer_ver.runtime import ray_host
@@ -96,9 +101,19 @@ def start_run(config, hosts):
   hosts['replay'] = ray_host.start(
       config, 'replay', REPLAY, serves='run.replay_addr',
       num_cpus=r.replay_cpus)
+  gpus = ray_host.available_gpus(r.agent_gpus)
+  processes = config.jax.processes
+  serves = ('run.actor_addr',) + (('jax.coordinator',) if processes > 1 else ())
   hosts['agent'] = ray_host.start(
-      config, 'agent', AGENT, serves='run.actor_addr', num_cpus=r.agent_cpus,
-      num_gpus=ray_host.available_gpus(r.agent_gpus))
+      config, 'agent', AGENT, serves=serves, num_cpus=r.agent_cpus,
+      num_gpus=gpus)
+  for process in range(1, processes):
+    learner = config.update({
+        'jax.process_id': process,
+        'jax.coordinator': RAY_PREFIX + 'agent/jax.coordinator'})
+    hosts[f'learner{process}'] = ray_host.start(
+        learner, f'learner{process}', LEARNER, num_cpus=r.agent_cpus,
+        num_gpus=gpus, scheduling_strategy='SPREAD')
   # The agent is placed before the fleets spread over the nodes, so their
   # CPUs cannot leave it no node with room (while Ray can place it).
   ray.wait([hosts['agent'].address.remote()], timeout=PLACE_SECONDS)
@@ -112,8 +127,8 @@ def _cpus(config):
   """The CPUs the run's components reserve, all together."""
   r = config.ray
   evaluation = r.eval_cpus if config.run.eval_every > 0 else 0
-  return (r.logger_cpus + r.replay_cpus + r.agent_cpus + evaluation
-          + r.env_cpus * len(fleets(config.run)))
+  return (r.logger_cpus + r.replay_cpus + r.agent_cpus * config.jax.processes
+          + evaluation + r.env_cpus * len(fleets(config.run)))
 
 
 def _report_unplaced(ray, hosts, stop):

@@ -1,0 +1,51 @@
+"""A component hosted by `runtime/ray_host.Host` on a local Ray instance:
+one that fails restarts, even when it set its own stop event first (as the
+agent does to stop its threads)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip('ray')
+from dreamer_ver.runtime import ray_host  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+def fails_once(config, marker, stop):
+  """Counts its runs in the file `marker`; the first one sets `stop` and
+  returns 1 (a failure), the next returns 0."""
+  del config
+  path = Path(marker)
+  runs = int(path.read_text()) if path.exists() else 0
+  path.write_text(str(runs + 1))
+  if runs == 0:
+    stop.set()
+    return 1
+  return 0
+
+
+@pytest.fixture
+def local_ray():
+  """Ray on this machine, whose workers import this module."""
+  path = os.pathsep.join(p for p in (str(TESTS), os.environ.get(
+      'PYTHONPATH', '')) if p)
+  ray.init(address='local', num_cpus=1, namespace='ray-host',
+           include_dashboard=False,
+           runtime_env={'env_vars': {'PYTHONPATH': path}})
+  yield
+  ray.shutdown()
+
+
+def test_a_component_that_fails_after_setting_its_stop_restarts(
+    local_ray, tmp_path):
+  marker = tmp_path / 'runs'
+  host = ray_host.start({}, 'flaky', 'test_ray_host:fails_once', str(marker),
+                        num_cpus=1)
+  try:
+    # Ray retries the join across the restart; the second run finishes.
+    assert ray.get(host.join.remote(None), timeout=120) == 0
+  finally:
+    ray.kill(host, no_restart=True)
+  assert marker.read_text() == '2'
