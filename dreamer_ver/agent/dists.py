@@ -178,10 +178,10 @@ class TwoHot:
   def loss(self, target):
     target = sg(target.astype(f32))
     n = self.bins.shape[0]
-    below = (self.bins <= target[..., None]).astype(jnp.int32).sum(-1) - 1
-    above = n - (self.bins > target[..., None]).astype(jnp.int32).sum(-1)
-    below = jnp.clip(below, 0, n - 1)
-    above = jnp.clip(above, 0, n - 1)
+    # The bins at or below the target; the next bin is the one above it.
+    count = (self.bins <= target[..., None]).astype(jnp.int32).sum(-1)
+    below = jnp.clip(count - 1, 0, n - 1)
+    above = jnp.clip(count, 0, n - 1)
     equal = below == above
     dist_below = jnp.where(equal, 1, jnp.abs(self.bins[below] - target))
     dist_above = jnp.where(equal, 1, jnp.abs(self.bins[above] - target))
