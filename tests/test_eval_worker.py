@@ -396,6 +396,7 @@ def test_a_ray_hosted_worker_scores_restarts_and_is_found_by_name(
   assert not record_path(config.logdir, 'onray').exists()
 
 
+@pytest.mark.slow
 def test_the_ray_script_evaluates_with_a_ray_hosted_worker(tmp_path):
   pytest.importorskip('ray')
   logdir = tmp_path / 'run'

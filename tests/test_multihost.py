@@ -116,6 +116,7 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
   assert {'train/loss/dyn', 'report/loss/dyn'} <= keys, sorted(keys)
 
 
+@pytest.mark.slow
 def test_a_killed_learner_process_restarts_with_the_agent(tmp_path):
   procs, logs = _launch(tmp_path, steps=1500)
   try:
