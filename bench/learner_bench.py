@@ -16,6 +16,15 @@ length. XLA's `cost_analysis()` counts a scan body once, so its number
 sequence and imagination lengths. The peak is 2048 x 2048 `jnp.dot`s in
 the same dtype, back to back, timed in the same run.
 
+Matmul floor: every matrix product of the update timed alone (at its own
+shapes, dtypes and dimension numbers, on random operands, see
+`product_seconds`), times how often the update runs it. That is about
+what an update would take if all its other work were free, so
+`x_floor` (ms per update / floor) says how much there is left to gain
+around the products, and `fraction_of_peak_at_floor` is the fraction of
+the 2048 x 2048 peak that this model's products reach at their shapes:
+the most the update could reach without changing its matrix shapes.
+
 `--upstream PYTHON SRC` times upstream DreamerV3's `train` at the same
 configuration in the same rounds (`upstream_learner.py`, run by PYTHON, a
 venv with upstream's dependencies, on SRC, a checkout of
@@ -71,38 +80,74 @@ def random_batch(agent, B, T, seed):
   return batch
 
 
-def matmul_flops(jaxpr):
-  """FLOPs of the matrix products in a jaxpr, each scan body times its
-  length (a cond counts its costliest branch)."""
-  total = 0
+def matmul_ops(jaxpr):
+  """The matrix products (`dot_general`s and convolutions) of a jaxpr as
+  {signature: [equation, count]}, each scan body counted times its length
+  (of a cond's branches, the costliest)."""
+  ops = {}
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    out = eqn.outvars[0].aval.shape if eqn.outvars else ()
-    if name == 'dot_general':
-      (contract, _), _ = eqn.params['dimension_numbers']
-      lhs = eqn.invars[0].aval.shape
-      total += 2 * math.prod(out) * math.prod(lhs[d] for d in contract)
-    elif name == 'conv_general_dilated':
-      rhs = eqn.invars[1].aval.shape
-      spec = eqn.params['dimension_numbers'].rhs_spec  # (out, in, *spatial)
-      total += 2 * math.prod(out) * math.prod(rhs[d] for d in spec[1:])
-    subs = [_flops_of(value) for value in eqn.params.values()]
-    subs = [f for f in subs if f is not None]
-    if name == 'cond':
-      total += max(subs)
-    else:
-      total += eqn.params.get('length', 1) * sum(subs)
-  return total
+    if eqn.primitive.name in ('dot_general', 'conv_general_dilated'):
+      signature = (eqn.primitive.name, repr(sorted(eqn.params.items())),
+                   tuple((v.aval.shape, str(v.aval.dtype)) for v in eqn.invars))
+      ops.setdefault(signature, [eqn, 0])[1] += 1
+    for value in eqn.params.values():
+      for sig, (sub, count) in _ops_of(value).items():
+        ops.setdefault(sig, [sub, 0])[1] += count * eqn.params.get('length', 1)
+  return ops
 
 
-def _flops_of(value):
-  """FLOPs of a param that holds jaxprs (one, or a tuple of branches)."""
+def _ops_of(value):
+  """The products of a param that holds jaxprs (one, or branches)."""
   if isinstance(value, (tuple, list)):
-    flops = [_flops_of(v) for v in value]
-    flops = [f for f in flops if f is not None]
-    return max(flops) if flops else None
+    return max((_ops_of(v) for v in value), key=total_flops, default={})
   inner = getattr(value, 'jaxpr', value)  # ClosedJaxpr -> Jaxpr
-  return matmul_flops(inner) if hasattr(inner, 'eqns') else None
+  return matmul_ops(inner) if hasattr(inner, 'eqns') else {}
+
+
+def flops(eqn):
+  """2 per multiply-add of one matrix product."""
+  out = eqn.outvars[0].aval.shape
+  if eqn.primitive.name == 'dot_general':
+    (contract, _), _ = eqn.params['dimension_numbers']
+    lhs = eqn.invars[0].aval.shape
+    return 2 * math.prod(out) * math.prod(lhs[d] for d in contract)
+  rhs = eqn.invars[1].aval.shape
+  spec = eqn.params['dimension_numbers'].rhs_spec  # (out, in, *spatial)
+  return 2 * math.prod(out) * math.prod(rhs[d] for d in spec[1:])
+
+
+def total_flops(ops):
+  return sum(count * flops(eqn) for eqn, count in ops.values())
+
+
+def product_seconds(eqn, copies=8, calls=3):
+  """Seconds of one matrix product alone, at its shapes, dtypes and
+  dimension numbers, on `copies` sets of random operands: the faster of
+  one compiled scan over the copies (no dispatch per product, but the scan
+  slices its inputs and stacks its outputs) and one jitted call per copy
+  (no copies, but a dispatch each); best of `calls`."""
+  rng = np.random.default_rng(0)
+  operands = [jnp.asarray(rng.standard_normal((copies, *v.aval.shape))
+                          .astype(v.aval.dtype)) for v in eqn.invars]
+  one = jax.jit(lambda *xs: eqn.primitive.bind(*xs, **eqn.params))
+  scan = jax.jit(lambda xs: jax.lax.scan(lambda _, x: (None, one(*x)),
+                                         None, xs)[1])
+  apart = [[x[i] for x in operands] for i in range(copies)]
+  ways = [lambda: scan(operands), lambda: [one(*xs) for xs in apart]]
+  best = math.inf
+  for way in ways:
+    jax.block_until_ready(way())
+    for _ in range(calls):
+      start = time.perf_counter()
+      jax.block_until_ready(way())
+      best = min(best, time.perf_counter() - start)
+  return best / copies
+
+
+def matmul_floor(ops):
+  """Seconds the update's matrix products take, each timed alone: what an
+  update would take if everything else it does were free."""
+  return sum(count * product_seconds(eqn) for eqn, count in ops.values())
 
 
 def make(size, dtype, batch, length):
@@ -115,14 +160,15 @@ def make(size, dtype, batch, length):
   carry = agent.init_carry(batch)
   batches = [jax.device_put(random_batch(agent, batch, T, s)) for s in range(2)]
   jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
-  flops = matmul_flops(jaxpr.jaxpr)
+  ops = matmul_ops(jaxpr.jaxpr)
   compiled = agent.train.lower(state, carry, batches[0]).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   state, carry, _, mets = agent.train(state, carry, batches[0])  # warm-up
   jax.block_until_ready(mets)
   return {'agent': agent, 'state': state, 'carry': carry, 'batches': batches,
-          'flops': flops, 'xla_flops_scan_once': float(cost.get('flops', 0)),
+          'ops': ops, 'flops': total_flops(ops),
+          'xla_flops_scan_once': float(cost.get('flops', 0)),
           'params': Agent.param_count(state['params'])}
 
 
@@ -195,6 +241,7 @@ def main():
                             args.steps)
               for key in runs} if args.upstream else {}
   peaks = {d: matmul_peak(d) for d in args.dtypes}
+  floors = {key: matmul_floor(run['ops']) for key, run in runs.items()}
   times = {key: [] for key in runs}
   theirs = {key: [] for key in upstream}
   for _ in range(args.rounds):
@@ -215,6 +262,10 @@ def main():
         'xla_gflop_scan_once': round(run['xla_flops_scan_once'] / 1e9, 2),
         'gflop_per_s': round(run['flops'] / seconds / 1e9, 1),
         'fraction_of_matmul_peak': round(run['flops'] / seconds / peaks[dtype], 3),
+        'matmul_floor_ms': round(floors[(size, dtype)] * 1e3, 1),
+        'x_floor': round(seconds / floors[(size, dtype)], 2),
+        'fraction_of_peak_at_floor': round(
+            run['flops'] / floors[(size, dtype)] / peaks[dtype], 3),
     })
     if theirs:
       upstream_seconds = float(np.median(theirs[(size, dtype)]))
