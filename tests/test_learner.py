@@ -1,6 +1,9 @@
-"""The learner's policy lag, by value: each trained row's lag is the
+"""The learner's policy lag, by value (each trained row's lag is the
 learner's version minus the version that acted on the row; the context
-steps at the start of a sequence are not trained on and do not count."""
+steps at the start of a sequence are not trained on and do not count), and
+how the learner processes of a multi-host run agree to stop."""
+
+import concurrent.futures
 
 import numpy as np
 from test_agent import make_batch, small_config, vector_spaces
@@ -56,3 +59,51 @@ def test_the_learner_logs_the_policy_lag_of_the_rows_it_trains_on():
                       'version': np.full((B, T), 9)})
   learner.log({})
   assert logger.sent[-1]['train/policy_lag/max'] == 0
+
+
+class Replay(Recorder):
+  """A replay client whose train batches never arrive."""
+
+  def sample_batch_train(self, rows):
+    return concurrent.futures.Future()
+
+
+def test_every_learner_stops_with_process_0_and_restarts_if_its_agent_failed():
+  """One update's agreement (`Learner.gather`, a collective across the
+  learner processes) stood in for by the other process's flags: [ready,
+  report, log, failing]. The run stops once a process is not ready; a
+  process other than 0 returns True (exit to restart) exactly when process
+  0 said it stopped because its agent failed."""
+  config = small_config(batch_size=4)
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  learner = Learner(agent, state, None, config, replay=Replay(), logger=None,
+                    ckpt=None, counters={'version': 0})
+  sent = []
+
+  def gather_with(other, first):
+    """Flags as process 0 and process 1 would see them; `first`: whether
+    this learner is process 0."""
+    def gather(*flags):
+      sent.append(flags)
+      rows = [flags, other] if first else [other, flags]
+      return np.array(rows, bool)
+    return gather
+
+  # Process 0, asked to stop while its agent fails: stops, says so.
+  learner.gather = gather_with([True, False, False, False], first=True)
+  assert learner.run(lambda: True, failing=lambda: True) is True
+  assert (sent[-1][0], sent[-1][3]) == (False, True)  # not ready, failing
+  # Process 0 stopped at the end of the run (not failing).
+  assert learner.run(lambda: True) is False
+  assert (sent[-1][0], sent[-1][3]) == (False, False)
+  # Process 1 (no limiter, no batch of its own to wait for).
+  learner.lead = False
+  for failing in (True, False):
+    learner.gather = gather_with([False, False, False, failing], first=False)
+    assert learner.run(lambda: False) is failing
+    assert sent[-1][0]  # this one was ready
+  # Process 1 stopped itself (SIGTERM) while process 0 was fine.
+  learner.gather = gather_with([True, False, False, False], first=False)
+  assert learner.run(lambda: True) is False
+  assert learner.counters['version'] == 0  # no update was trained
