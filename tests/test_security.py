@@ -54,14 +54,15 @@ def test_localhost_binds_loopback_only(tmp_path):
 
 
 @pytest.mark.parametrize('cutoff', ['ver', 'preempt'])
-def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff):
+def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
   port = free_port()
+  right, wrong = 'right-7f3a9c', 'wrong-2e81d4'
   config = configlib.override(
-      _config(tmp_path, 'right'), {'run.actor_cutoff': cutoff})
+      _config(tmp_path, right), {'run.actor_cutoff': cutoff})
   server = _echo_server(port, config)
   stop = StopSignal(install=False)
-  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, 'right')))
-  bad = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, 'wrong')))
+  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, right)))
+  bad = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, wrong)))
   try:
     assert good.connect(stop) and bad.connect(stop)
     with pytest.raises(Disconnected):
@@ -72,6 +73,10 @@ def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff):
     good.close()
     bad.close()
     server.close()
+  # The server says why it closed the connection, and shows neither token.
+  log = capfd.readouterr().out
+  assert 'wrong handshake' in log, log
+  assert right not in log and wrong not in log, log
 
 
 def test_oversized_frame_is_refused_before_buffering(tmp_path):

@@ -67,8 +67,10 @@ class ServerSocket(portal.ServerSocket):
   Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
   assert on the socket thread and kills the socket for every client, and a
   peer that closes mid-handshake makes the socket thread spin. Here both
-  just close that connection. Accepted connections get TCP_NODELAY, so small
-  replies are not held back by Nagle's algorithm.
+  just close that connection. A wrong handshake is logged without the
+  handshakes themselves (upstream's log line quotes both, and ours hold run
+  tokens). Accepted connections get TCP_NODELAY, so small replies are not
+  held back by Nagle's algorithm.
   """
 
   def __init__(self, addr, name, nodelay=True, **kwargs):
@@ -128,6 +130,13 @@ class ServerSocket(portal.ServerSocket):
       return
     if handshaking and len(conn.handshake) == before:
       self._drop(conn, ConnectionResetError('closed during handshake'))
+
+  def _handshake(self, conn):
+    size = len(self.handshake) - len(conn.handshake)
+    conn.handshake += conn.sock.recv(size)
+    if conn.handshake != self.handshake[:len(conn.handshake)]:
+      self._disconnect(conn, ValueError(
+          'wrong handshake (another run, or no token)'))
 
   def _drop(self, conn, error):
     if self.conns.get(conn.addr) is conn:
