@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from portal.client_socket import Disconnected
+from test_shm import Waits
 
 from dreamer_ver import config as configlib
 from dreamer_ver.actor import preemption
@@ -77,6 +78,36 @@ def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
   log = capfd.readouterr().out
   assert 'wrong handshake' in log, log
   assert right not in log and wrong not in log, log
+
+
+def test_a_refused_client_reconnects_less_often_and_says_why(tmp_path, capfd):
+  """portal's protocol has no handshake reply: a refused client only sees
+  its connection close. It must not reconnect in a tight loop."""
+  port = free_port()
+  server = _echo_server(port, _config(tmp_path, 'right-7f3a9c'))
+  bad = BlockingClient(f'127.0.0.1:{port}',
+                       **client_kwargs(_config(tmp_path, 'wrong-2e81d4')))
+  good = BlockingClient(f'127.0.0.1:{port}',
+                        **client_kwargs(_config(tmp_path, 'right-7f3a9c')))
+  stop = Waits(limit=100)  # never set; records the waits
+  try:
+    for _ in range(5):
+      assert bad.connect(stop)
+      with pytest.raises(Disconnected):
+        bad.call('act', {'x': np.ones(2)}, stop=stop)
+    # Before the 2nd to 5th connection: twice as long each time.
+    assert stop.seconds == pytest.approx([0.2, 0.4, 0.8, 1.6])
+    # A client that got replies reconnects at once.
+    for _ in range(2):
+      assert good.connect(stop)
+      assert good.call('act', {'x': np.ones(1)}, stop=stop)['y'] == [2]
+    assert len(stop.seconds) == 4
+  finally:
+    good.close()
+    bad.close()
+    server.close()
+  out = capfd.readouterr().out
+  assert out.count('closed 3 connections in a row before replying') == 1, out
 
 
 def test_oversized_frame_is_refused_before_buffering(tmp_path):

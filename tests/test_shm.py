@@ -73,10 +73,31 @@ def wait_until(predicate, timeout=TIMEOUT):
   raise TimeoutError('condition not reached')
 
 
-def test_a_wrong_token_is_refused_and_others_are_served():
+class Waits:
+  """A stop that is set after `limit` waits; records each wait's seconds
+  and returns at once."""
+
+  def __init__(self, limit):
+    self.seconds = []
+    self.limit = limit
+
+  def is_set(self):
+    return len(self.seconds) >= self.limit
+
+  def wait(self, seconds):
+    self.seconds.append(seconds)
+    return self.is_set()
+
+
+def test_a_wrong_token_is_refused_and_others_are_served(capfd):
   with serving(Recorder(), handshake='dreamer_ver:secret') as (server, addr):
-    intruder, connected = client(addr, handshake='dreamer_ver:guess')
-    assert not connected
+    intruder = shm.ShmClient(addr, SPACE, 'dreamer_ver:guess')
+    waits = Waits(5)
+    assert not intruder.connect(waits)
+    # Refused each time, it asks again twice as late, and says so once.
+    assert waits.seconds == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
+    out = capfd.readouterr().out
+    assert out.count('refused 3 handshakes in a row') == 1, out
     good, connected = client(addr, handshake='dreamer_ver:secret')
     assert connected
     np.testing.assert_array_equal(call(good, [1, 2], 0)['y'], [2, 4])

@@ -285,10 +285,10 @@ class _Slot:
 class ShmClient:
   """A caller on the server's host, with BlockingClient's calls.
 
-  `reply_space`: key -> (shape, dtype) of one env's reply (the actor:
-  the action keys and `reset`), or a function of the request data that
-  returns it; a call with a vector under `envid_key` gets one row per env. A slot is made for each distinct request layout
-  in flight (an env worker's two halves: two slots).
+  `reply_space`: key -> (shape, dtype) of one env's reply (the actor: the
+  action keys and `reset`), or a function of the request data that returns
+  it; a call with a vector under `envid_key` gets one row per env. A slot
+  is made for each request layout in flight (an env worker's halves: two).
   """
 
   def __init__(self, addr, reply_space, handshake=HANDSHAKE,
@@ -301,13 +301,17 @@ class ShmClient:
     self.reqnums = itertools.count()
     self._reset()
 
-  def connect(self, stop=None, retry=0.1):
-    """Retries until connected; False if `stop` (an Event) was set first."""
+  def connect(self, stop=None, retry=0.1, longest=5.0):
+    """Retries until connected; False if `stop` (an Event) was set first.
+    A server that refuses the handshake (a wrong token) is tried again
+    twice as late each time, up to `longest` s; the client says so once."""
     # Not `stop or Event()`: a StopSignal is falsy until it is set.
     stop = threading.Event() if stop is None else stop
     self.close()
+    refused = 0
     while not stop.is_set():
       sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+      wait = retry
       try:
         sock.settimeout(5.0)
         sock.connect(self.endpoint)
@@ -315,10 +319,15 @@ class ShmClient:
         if sock.recv(16) == b'A':
           self.sock = sock
           return True
+        refused += 1
+        wait = min(retry * 2 ** refused, longest)
+        if refused == 3:
+          print(f'{self.endpoint!r} refused {refused} handshakes in a row '
+                '(a server of another run, or a wrong token?)', flush=True)
       except OSError:
         pass
       sock.close()
-      stop.wait(retry)
+      stop.wait(wait)
     return False
 
   def call(self, method, data, stop=None):
