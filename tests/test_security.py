@@ -14,7 +14,7 @@ from dreamer_ver import config as configlib
 from dreamer_ver.actor import preemption
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.blocking_client import BlockingClient
-from dreamer_ver.rpc.addresses import bind_host, free_port
+from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, server_kwargs, with_token)
 
@@ -78,6 +78,26 @@ def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
   log = capfd.readouterr().out
   assert 'wrong handshake' in log, log
   assert right not in log and wrong not in log, log
+
+
+def test_a_partial_handshake_tells_nothing_about_the_token(tmp_path):
+  """A guessed start of the handshake gets the same answer, none, whether
+  it is right or wrong (closing at the first wrong byte would let a caller
+  find the token a byte at a time); a complete wrong one is closed."""
+  port = free_port()
+  server = _echo_server(port, _config(tmp_path, 'right-7f3a9c'))
+  try:
+    for guess in (handshake('r'), handshake('x')):
+      with socket.create_connection(('127.0.0.1', port), timeout=5) as sock:
+        sock.sendall(guess.encode())
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # still open, nothing said
+          sock.recv(1)
+    with socket.create_connection(('127.0.0.1', port), timeout=5) as sock:
+      sock.sendall(handshake('wrong-2e81d4').encode())
+      assert sock.recv(1) == b''  # closed
+  finally:
+    server.close()
 
 
 def test_a_refused_client_reconnects_less_often_and_says_why(tmp_path, capfd):

@@ -10,6 +10,7 @@ length, method name, portal's packed args); a reply is (request number,
   status 2  could not decode it    status 4  bad argument or method error
 """
 
+import hmac
 import socket as socketlib
 
 import numpy as np
@@ -67,9 +68,11 @@ class ServerSocket(portal.ServerSocket):
   Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
   assert on the socket thread and kills the socket for every client, and a
   peer that closes mid-handshake makes the socket thread spin. Here both
-  just close that connection. A wrong handshake is logged without the
-  handshakes themselves (upstream's log line quotes both, and ours hold run
-  tokens). Accepted connections get TCP_NODELAY, so small replies are not
+  just close that connection. The handshake (the run token) is compared
+  once it is complete, in constant time: upstream compares each prefix as
+  it arrives and closes at the first wrong byte, which tells a caller how
+  much of a guess was right; and its log line quotes both handshakes.
+  Accepted connections get TCP_NODELAY, so small replies are not
   held back by Nagle's algorithm.
   """
 
@@ -132,9 +135,9 @@ class ServerSocket(portal.ServerSocket):
       self._drop(conn, ConnectionResetError('closed during handshake'))
 
   def _handshake(self, conn):
-    size = len(self.handshake) - len(conn.handshake)
-    conn.handshake += conn.sock.recv(size)
-    if conn.handshake != self.handshake[:len(conn.handshake)]:
+    conn.handshake += conn.sock.recv(len(self.handshake) - len(conn.handshake))
+    if len(conn.handshake) == len(self.handshake) and not hmac.compare_digest(
+        conn.handshake, self.handshake):
       self._disconnect(conn, ValueError(
           'wrong handshake (another run, or no token)'))
 
