@@ -103,7 +103,8 @@ def test_every_learner_stops_with_process_0_and_restarts_if_its_agent_failed():
     learner.gather = gather_with([False, False, False, failing], first=False)
     assert learner.run(lambda: False) is failing
     assert sent[-1][0]  # this one was ready
-  # Process 1 stopped itself (SIGTERM) while process 0 was fine.
+  # Process 1 stopped itself (SIGTERM) while process 0 was fine; only
+  # process 0's failing flag counts.
   learner.gather = gather_with([True, False, False, False], first=False)
-  assert learner.run(lambda: True) is False
+  assert learner.run(lambda: True, failing=lambda: True) is False
   assert learner.counters['version'] == 0  # no update was trained

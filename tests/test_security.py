@@ -14,6 +14,8 @@ from dreamer_ver import config as configlib
 from dreamer_ver.actor import preemption
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.blocking_client import BlockingClient
+from dreamer_ver.rpc.client import Client
+from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
 from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, server_kwargs, with_token)
@@ -127,7 +129,31 @@ def test_a_refused_client_reconnects_less_often_and_says_why(tmp_path, capfd):
     bad.close()
     server.close()
   out = capfd.readouterr().out
-  assert out.count('closed 3 connections in a row before replying') == 1, out
+  assert out.count('closed 3 connections in a row') == 1, out
+
+
+def test_a_refused_link_reconnects_less_often(tmp_path, capfd):
+  """The same for the agent's links to replay and logger (`Client`, whose
+  receiver thread reconnects by itself)."""
+  port = free_port()
+  server = Server(f'127.0.0.1:{port}', 'Replay',
+                  **server_kwargs(_config(tmp_path, 'right-7f3a9c')))
+  server.bind('echo', lambda x: x)
+  server.start()
+  link = Client(f'127.0.0.1:{port}', 'Link',
+                **client_kwargs(_config(tmp_path, 'wrong-2e81d4')))
+  try:
+    deadline = time.monotonic() + 30
+    while link._refusals.count < 3 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    # Waits of 0.2 and 0.4 s came before the 2nd and 3rd connection; the
+    # 4th is 0.8 s away (in a tight loop there would be hundreds by now).
+    assert server.socket.disconnects in (3, 4)
+  finally:
+    link.close()
+    server.close()
+  out = capfd.readouterr().out
+  assert out.count('Link: the server closed 3 connections in a row') == 1, out
 
 
 def test_oversized_frame_is_refused_before_buffering(tmp_path):

@@ -97,7 +97,7 @@ def test_a_wrong_token_is_refused_and_others_are_served(capfd):
     # Refused each time, it asks again twice as late, and says so once.
     assert waits.seconds == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
     out = capfd.readouterr().out
-    assert out.count('refused 3 handshakes in a row') == 1, out
+    assert out.count('closed 3 connections in a row') == 1, out
     good, connected = client(addr, handshake='dreamer_ver:secret')
     assert connected
     np.testing.assert_array_equal(call(good, [1, 2], 0)['y'], [2, 4])

@@ -6,11 +6,8 @@ the same socket when it needs them. This keeps an idle env process at zero
 CPU and saves a thread hop per step (`client.py` says why portal's
 own client is not used).
 
-portal's protocol has no handshake reply: a server that refuses the
-client's token (another run's server) just closes the connection. So a
-connection that closes before its first reply makes the next `connect`
-wait, twice as long after each such connection in a row (up to 5 s), and
-the client says so once, rather than reconnecting in a tight loop.
+A connection that closes before its first reply counts as refused
+(`wire.Refusals`): the next `connect` waits longer.
 """
 
 import itertools
@@ -18,7 +15,7 @@ import itertools
 from portal.client_socket import Disconnected
 
 from . import wire
-from .addresses import HANDSHAKE, client_addr, current
+from .addresses import HANDSHAKE, client_addr
 
 
 class BlockingClient:
@@ -31,19 +28,14 @@ class BlockingClient:
     self.reqnums = itertools.count()
     self.early = {}  # replies that arrived before they were asked for
     self.answered = False  # whether this connection got a reply yet
-    self.unanswered = 0  # connections in a row closed before their reply
+    self.refusals = wire.Refusals(getattr(addr, 'name', addr))
 
-  def connect(self, stop, retry=0.1, longest=5.0):
+  def connect(self, stop, retry=0.1):
     """Retries until connected; returns False if `stop` (a threading.Event) was
     set first."""
     self.close()
-    if self.unanswered:
-      if self.unanswered == 3:
-        print(f'The server at {current(self.addr)} closed '
-              f'{self.unanswered} connections in a row before replying (a '
-              'server of another run, or a wrong token?); retrying less '
-              'often.', flush=True)
-      stop.wait(min(retry * 2 ** self.unanswered, longest))
+    if self.refusals.delay():
+      stop.wait(self.refusals.delay())
     self.sock = wire.connect(self.addr, self.handshake, stop, retry)
     self.answered = False
     return self.sock is not None
@@ -80,11 +72,13 @@ class BlockingClient:
         return None
       self.early[wire.reqnum_of(frame)] = frame
       self.answered = True
+      self.refusals.answered()
     return wire.reply(self.early.pop(reqnum))[1]
 
   def close(self):
     self.early.clear()
     if self.sock is not None:
-      self.unanswered = 0 if self.answered else self.unanswered + 1
+      if not self.answered:
+        self.refusals.refused()
       self.sock.close()
       self.sock = None

@@ -13,7 +13,8 @@ receiver thread that sleeps in `select` until a reply arrives (waking twice
 a second to see whether the client was closed). Should the receiver itself
 fail, `error` says why, the calls in flight and every later call fail with
 it, and the owner (the agent's health check) sees a dead link instead of
-calls that never return.
+calls that never return. A connection that closes before its first reply
+counts as refused (`wire.Refusals`): the next one waits longer.
 
 Locks: `_send_lock` orders every write to the socket (calls, and the resend
 after a reconnect, so no call is sent twice on one connection); `_cond`
@@ -63,6 +64,8 @@ class Client:
     self._cond = threading.Condition()
     self._send_lock = threading.Lock()
     self._sock = None
+    self._answered = False  # whether this connection got a reply yet
+    self._refusals = wire.Refusals(name)
     self._stop = threading.Event()
     self.error = None  # Why the receiver died; the link is dead then.
     self._thread = threading.Thread(
@@ -139,6 +142,7 @@ class Client:
   def _receive(self):
     while not self._stop.is_set():
       if self._sock is None:
+        self._stop.wait(self._refusals.delay())
         if not self._connect():
           return
         if self._sock is None:  # Lost again while resending: retry.
@@ -147,12 +151,16 @@ class Client:
       try:
         frame = wire.recv(self._sock, self._stop, self.max_msg_size)
       except (OSError, EOFError):
+        if not self._answered:
+          self._refusals.refused()
         with self._send_lock:
           self._sock.close()
           self._sock = None
         continue
       if frame is None:
         return
+      self._answered = True
+      self._refusals.answered()
       with self._cond:
         entry = self._inflight.pop(wire.reqnum_of(frame), None)
         self._cond.notify_all()
@@ -181,6 +189,7 @@ class Client:
         sock.close()
         return True  # Lost again at once: the next round retries.
       self._sock = sock
+      self._answered = False
     return True
 
 

@@ -52,6 +52,7 @@ import numpy as np
 from portal.client_socket import Disconnected
 
 from .addresses import HANDSHAKE, split_addr
+from .wire import Refusals
 
 _CALL = struct.Struct('<cIQ')
 _REPLY = struct.Struct('<cQQ')
@@ -301,17 +302,15 @@ class ShmClient:
     self.reqnums = itertools.count()
     self._reset()
 
-  def connect(self, stop=None, retry=0.1, longest=5.0):
+  def connect(self, stop=None, retry=0.1):
     """Retries until connected; False if `stop` (an Event) was set first.
-    A server that refuses the handshake (a wrong token) is tried again
-    twice as late each time, up to `longest` s; the client says so once."""
+    A refused handshake (a wrong token) counts in `wire.Refusals`."""
     # Not `stop or Event()`: a StopSignal is falsy until it is set.
     stop = threading.Event() if stop is None else stop
     self.close()
-    refused = 0
+    refusals = Refusals(self.endpoint[1:], retry)
     while not stop.is_set():
       sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-      wait = retry
       try:
         sock.settimeout(5.0)
         sock.connect(self.endpoint)
@@ -319,15 +318,11 @@ class ShmClient:
         if sock.recv(16) == b'A':
           self.sock = sock
           return True
-        refused += 1
-        wait = min(retry * 2 ** refused, longest)
-        if refused == 3:
-          print(f'{self.endpoint!r} refused {refused} handshakes in a row '
-                '(a server of another run, or a wrong token?)', flush=True)
+        refusals.refused()
       except OSError:
         pass
       sock.close()
-      stop.wait(wait)
+      stop.wait(refusals.delay() or retry)
     return False
 
   def call(self, method, data, stop=None):

@@ -17,6 +17,37 @@ from portal import packlib
 from .addresses import current
 
 
+class Refusals:
+  """Connections in a row that a server closed before answering.
+
+  portal's protocol has no handshake reply: a server that refuses a
+  client's token (one of another run) just closes the connection. After
+  each such connection the client waits twice as long before the next
+  (from 2 x `retry` up to `longest` seconds), and the third in a row is
+  reported once, so a refused client neither spins nor stays silent.
+  """
+
+  def __init__(self, where, retry=0.1, longest=5.0):
+    self.where = where  # names the server in the report
+    self.retry = retry
+    self.longest = longest
+    self.count = 0
+
+  def refused(self):
+    self.count += 1
+    if self.count == 3:
+      print(f'{self.where}: the server closed 3 connections in a row before '
+            'answering (a server of another run, or a wrong token?); '
+            'connecting less often.', flush=True)
+
+  def answered(self):
+    self.count = 0
+
+  def delay(self):
+    """Seconds to wait before the next connection."""
+    return min(self.retry * 2 ** self.count, self.longest) if self.count else 0
+
+
 def connect(addr, handshake, stop, retry=0.1):
   """A connected socket that has sent the handshake; retries until `stop`
   (a threading.Event or anything with `is_set` and `wait`) is set, then
