@@ -18,12 +18,11 @@ the same dtype, back to back, timed in the same run.
 
 Matmul floor: every matrix product of the update timed alone (at its own
 shapes, dtypes and dimension numbers, on random operands, see
-`product_seconds`), times how often the update runs it. That is about
-what an update would take if all its other work were free, so
-`x_floor` (ms per update / floor) says how much there is left to gain
-around the products, and `fraction_of_peak_at_floor` is the fraction of
-the 2048 x 2048 peak that this model's products reach at their shapes:
-the most the update could reach without changing its matrix shapes.
+`product_seconds`), times how often the update runs it: an estimate (not
+a strict bound; bench/README.md says why) of what an update would take if
+all its other work were free. `x_floor` is ms per update / floor, and
+`fraction_of_peak_at_floor` the fraction of the 2048 x 2048 peak that
+this model's products reach at their shapes.
 
 `--upstream PYTHON SRC` times upstream DreamerV3's `train` at the same
 configuration in the same rounds (`upstream_learner.py`, run by PYTHON, a

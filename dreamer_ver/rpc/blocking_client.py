@@ -27,17 +27,17 @@ class BlockingClient:
     self.sock = None
     self.reqnums = itertools.count()
     self.early = {}  # replies that arrived before they were asked for
-    self.answered = False  # whether this connection got a reply yet
     self.refusals = wire.Refusals(getattr(addr, 'name', addr))
 
   def connect(self, stop, retry=0.1):
     """Retries until connected; returns False if `stop` (a threading.Event) was
     set first."""
     self.close()
-    if self.refusals.delay():
-      stop.wait(self.refusals.delay())
+    delay = self.refusals.delay()
+    if delay:
+      stop.wait(delay)
     self.sock = wire.connect(self.addr, self.handshake, stop, retry)
-    self.answered = False
+    self.refusals.opened()
     return self.sock is not None
 
   def call(self, method, *args, stop=None):
@@ -71,14 +71,12 @@ class BlockingClient:
       if frame is None:
         return None
       self.early[wire.reqnum_of(frame)] = frame
-      self.answered = True
       self.refusals.answered()
     return wire.reply(self.early.pop(reqnum))[1]
 
   def close(self):
     self.early.clear()
     if self.sock is not None:
-      if not self.answered:
-        self.refusals.refused()
+      self.refusals.closed()
       self.sock.close()
       self.sock = None

@@ -64,7 +64,6 @@ class Client:
     self._cond = threading.Condition()
     self._send_lock = threading.Lock()
     self._sock = None
-    self._answered = False  # whether this connection got a reply yet
     self._refusals = wire.Refusals(name)
     self._stop = threading.Event()
     self.error = None  # Why the receiver died; the link is dead then.
@@ -151,15 +150,13 @@ class Client:
       try:
         frame = wire.recv(self._sock, self._stop, self.max_msg_size)
       except (OSError, EOFError):
-        if not self._answered:
-          self._refusals.refused()
+        self._refusals.closed()
         with self._send_lock:
           self._sock.close()
           self._sock = None
         continue
       if frame is None:
         return
-      self._answered = True
       self._refusals.answered()
       with self._cond:
         entry = self._inflight.pop(wire.reqnum_of(frame), None)
@@ -189,7 +186,7 @@ class Client:
         sock.close()
         return True  # Lost again at once: the next round retries.
       self._sock = sock
-      self._answered = False
+      self._refusals.opened()
     return True
 
 

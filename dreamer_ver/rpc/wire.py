@@ -32,6 +32,19 @@ class Refusals:
     self.retry = retry
     self.longest = longest
     self.count = 0
+    self.answering = False  # whether the current connection answered
+
+  def opened(self):
+    self.answering = False
+
+  def answered(self):
+    self.answering = True
+    self.count = 0
+
+  def closed(self):
+    """The current connection ended: a refusal if it never answered."""
+    if not self.answering:
+      self.refused()
 
   def refused(self):
     self.count += 1
@@ -39,9 +52,6 @@ class Refusals:
       print(f'{self.where}: the server closed 3 connections in a row before '
             'answering (a server of another run, or a wrong token?); '
             'connecting less often.', flush=True)
-
-  def answered(self):
-    self.count = 0
 
   def delay(self):
     """Seconds to wait before the next connection."""
