@@ -57,7 +57,9 @@ def measure(logdir, configs, rounds, timeout):
            '--jax.platform', 'cpu', '--run.steps', '1e9']
   for key in ('actor_addr', 'replay_addr', 'logger_addr'):
     flags += [f'--run.{key}', f'localhost:{free_port()}']
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  # Each run's own cache in its logdir (what a restart finds), not a shared one.
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  env.update(JAX_PLATFORMS='cpu', PYTHONUNBUFFERED='1')
   logdir.mkdir(parents=True, exist_ok=True)
   services = [_start(script, flags, env, logdir / f'{script}.log')
               for script in ('parallel_logger', 'parallel_replay',

@@ -1,7 +1,15 @@
-import os
+"""Settings for every test process, and the two tiers.
 
-import numpy as np
-import pytest
+The fast tier is every folder but `system/`: `pytest` runs it. The system
+tier (whole runs of the real processes) runs only when named: `pytest
+tests/system`. Where a new test goes: tests/README.md.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 # Tests run on the CPU only, whatever the machine has.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -9,17 +17,23 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # sockets on them listen on loopback only. Ray reads this when it is
 # imported, so it is set here, before any test module imports Ray.
 os.environ.setdefault('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', '0')
+# One JAX persistent compilation cache for the whole session, in this
+# process and in every process a test starts (they inherit the variable,
+# which runtime/devices.py prefers to the logdir's cache): the same debug
+# agent compiles once per session, not once per test. Set it yourself to
+# keep the cache between sessions.
+if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+  _cache = tempfile.mkdtemp(prefix='dreamer_ver_test_jax_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+SYSTEM = Path(__file__).resolve().parent / 'system'
 
 
-def rendered_dmc(config):
-  """A dmc cartpole env (`config` as for make_env) and its first
-  observation; skips the test where MuJoCo cannot render."""
-  pytest.importorskip('dm_control')
-  from dreamer_ver.envs import make_env
-  try:
-    env = make_env('dmc_cartpole_balance', config)
-    reset = {k: np.zeros(s.shape, s.dtype) for k, s in env.act_space.items()}
-    reset['reset'] = np.bool_(True)
-    return env, env.step(reset)
-  except Exception as e:  # No usable OpenGL backend (EGL/OSMesa) here.
-    pytest.skip(f'MuJoCo rendering unavailable: {type(e).__name__}: {e}')
+def pytest_ignore_collect(collection_path, config):
+  """Leaves out tests/system unless a command-line path lies inside it."""
+  if collection_path.resolve() != SYSTEM:
+    return None
+  here = config.invocation_params.dir
+  named = [(here / arg.split('::')[0]).resolve() for arg in config.args]
+  return not any(path.is_relative_to(SYSTEM) for path in named)

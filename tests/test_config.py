@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import elements
 import pytest
@@ -14,7 +13,7 @@ from dreamer_ver import config as C
 from dreamer_ver import main as M
 from dreamer_ver import validation as V
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 SIZES = {  # preset: (deter, hidden, classes, cnn depth, mlp units)
     'size1m': (512, 64, 4, 4, 64),
@@ -47,7 +46,7 @@ def test_all_blocks_load_and_validate():
     V.validate(C.compose([name]))
 
 
-def test_defaults_layout_and_values():
+def test_defaults_block_sets_the_expected_values():
   c = C.compose()
   assert c.logdir == '' and c.task == 'dummy_disc' and c.script == 'parallel'
   assert (c.batch_size, c.batch_length, c.report_length) == (16, 64, 32)
@@ -83,7 +82,7 @@ def test_floats_parse_as_floats():
 
 
 @pytest.mark.parametrize('name', list(SIZES))
-def test_size_presets(name):
+def test_size_preset_sets_model_widths_and_keeps_other_defaults(name):
   deter, hidden, classes, depth, units = SIZES[name]
   a = C.compose([name]).agent
   assert (a.rssm.deter, a.rssm.hidden, a.rssm.classes) == (
@@ -96,7 +95,7 @@ def test_size_presets(name):
   assert a.enc.layers == 3 and a.value.bins == 255
 
 
-def test_debug_block():
+def test_debug_block_shrinks_batches_replay_and_model():
   c = C.compose(['debug'])
   assert (c.batch_size, c.batch_length, c.report_length) == (8, 10, 5)
   assert c.replay.size == 1e4 and c.run.envs == 4 and c.run.eval_envs == 1
@@ -110,7 +109,7 @@ def test_debug_block():
   assert a.rssm.imglayers == 2  # '.*\.layers' matches whole names only
 
 
-def test_task_presets():
+def test_task_blocks_set_task_steps_ratio_and_model_size():
   c = C.compose(['cartpole'])
   assert c.task == 'gym_CartPole-v1' and c.run.steps == 5e4
   assert c.run.envs == 4 and c.agent.rssm.deter == 256
@@ -166,7 +165,7 @@ def test_flags_override_blocks():
   assert c.agent.rssm.deter == 512 and c.batch_size == 8
 
 
-def test_regex_flag_and_override():
+def test_regex_keys_set_every_matching_key_in_flags_and_overrides():
   c = C.load_config(['--.*\\.units', '32'])
   assert all(c.agent[h].units == 32 for h in MLPS)
   c = C.override(C.compose(), {'agent': {'.*\\.bins': 7}, 'run.envs': 3})
@@ -226,7 +225,7 @@ def test_wrong_type_errors_name_the_key():
   assert c.run.envs == 8 and type(c.run.envs) is int
 
 
-def test_unknown_block():
+def test_unknown_or_path_like_block_names_are_rejected():
   msg = error(C.load_config, ['--configs', 'debug', 'nosuchblock'])
   assert "'nosuchblock'" in msg and 'debug' in msg  # lists what exists
   msg = error(C.compose, ['../configs/debug'])
@@ -290,14 +289,14 @@ def test_block_errors_name_block_and_key(tmp_path):
                              "eval_only (got script 'parallel')"),
     ({'random_agent': True, 'script': 'train'}, 'random_agent'),
 ])
-def test_validation_failures(overrides, expected):
+def test_validate_rejects_each_invalid_setting_with_a_specific_message(overrides, expected):
   config = C.compose(['debug'], overrides)
   msg = error(V.validate, config)
   assert msg.startswith('invalid config: ')
   assert expected in msg, msg
 
 
-def test_validation_passes_edge_cases():
+def test_validate_accepts_values_at_the_limits():
   V.validate(C.compose(['debug'], {
       'report_length': 11, 'run.actor_batch': 4, 'batch_size': 909,
       'run.actor_buckets': [1, 2, 4, 8], 'run.actor_min_batch': 2,
@@ -332,7 +331,7 @@ def test_parse_known_returns_unknown_flags():
 
 # --- logdir and summary -----------------------------------------------------
 
-def test_resolve_logdir(tmp_path, monkeypatch):
+def test_resolve_logdir_fills_timestamp_and_anchors_relative_paths(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   now = datetime.datetime(2025, 1, 2, 3, 4, 5)
   c = C.resolve_logdir(C.compose(), now)

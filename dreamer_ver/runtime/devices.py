@@ -10,7 +10,8 @@ logdir by default) keeps every compiled program on disk, so a restarted
 agent loads its policy buckets, train and report steps instead of
 compiling them again (measured in bench/startup.py). JAX keys each entry by
 the program, the devices and the compiler flags, so a stale entry is never
-used.
+used. JAX's own `JAX_COMPILATION_CACHE_DIR`, when set, names the folder
+instead: one cache shared by many runs (a sweep, a test session).
 """
 
 import os
@@ -63,10 +64,13 @@ def setup(config):
 
 
 def _compile_cache(config):
-  """Points JAX's persistent compilation cache at `jax.compile_cache`."""
+  """Points JAX's persistent compilation cache at `jax.compile_cache`, or at
+  `$JAX_COMPILATION_CACHE_DIR` where that is set ('' stays off)."""
   import jax
   from jax.experimental.compilation_cache import compilation_cache
   folder = os.path.expanduser(config.jax.compile_cache)
+  if folder and os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    folder = os.environ['JAX_COMPILATION_CACHE_DIR']
   if folder and not os.path.isabs(folder):
     # Inside the logdir; a config without one (library use) caches nothing
     # rather than write into the working directory.

@@ -9,7 +9,8 @@ compared against.
 
 With `run.eval_every`, an EvalWorker process (`runtime/eval_worker.py`)
 scores the params this loop publishes every `run.eval_every` seconds, on
-its own thread; its rows join the next metrics write.
+its own thread; its rows join the next metrics write. SIGINT or SIGTERM
+ends the loop after its step; the run saves and exits 0 like the others.
 """
 
 import collections
@@ -29,6 +30,7 @@ from dreamer_ver.replay import build
 from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.logger_server import LoggerService
+from dreamer_ver.runtime.process import StopSignal
 
 
 def train(config):
@@ -72,6 +74,7 @@ def train(config):
     evaluation = PeriodicEvaluation(
         config, lambda: published[-1], lambda: counters['version'],
         eval_rows.append).start()
+  stop = StopSignal()
   start = time.monotonic()
 
   def save():
@@ -81,7 +84,7 @@ def train(config):
     logger.save()
 
   try:
-    while counters['steps'] < run.steps and not (
+    while counters['steps'] < run.steps and not stop and not (
         run.duration > 0 and time.monotonic() - start >= run.duration):
       obs = [env.step({k: v[i] for k, v in acts.items()})
              for i, env in enumerate(envs)]

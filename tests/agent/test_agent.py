@@ -10,46 +10,9 @@ from dreamer_ver import config as configlib
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.agent import behavior, checkpoint, dists, nets, optim
 from dreamer_ver.envs.dummy import Dummy
+from helpers.agent import make_batch, small_config, vector_spaces
 
 f32 = np.float32
-
-
-def small_config(**overrides):
-  return configlib.compose(['debug'], overrides)
-
-
-def vector_spaces():
-  obs = {
-      'vector': elements.Space(np.float32, (5,)),
-      'reward': elements.Space(np.float32, ()),
-      'is_first': elements.Space(bool, ()),
-      'is_last': elements.Space(bool, ()),
-      'is_terminal': elements.Space(bool, ()),
-  }
-  act = {'action': elements.Space(np.int32, (), 0, 3),
-         'reset': elements.Space(bool, ())}
-  return obs, act
-
-
-def make_batch(agent, B, T, seed=0):
-  rng = np.random.default_rng(seed)
-  batch = {}
-  for k, s in {**agent.obs_space, **agent.act_space}.items():
-    if s.dtype == bool:
-      batch[k] = np.zeros((B, T, *s.shape), bool)
-    elif s.dtype == np.uint8:
-      batch[k] = rng.integers(0, 256, (B, T, *s.shape)).astype(np.uint8)
-    elif np.issubdtype(s.dtype, np.integer):
-      batch[k] = rng.integers(0, nets.num_classes(s), (B, T, *s.shape)).astype(s.dtype)
-    else:
-      batch[k] = rng.uniform(-1, 1, (B, T, *s.shape)).astype(s.dtype)
-  batch['is_first'][:, 0] = True
-  r = agent.config.agent.rssm
-  batch['stepid'] = np.zeros((B, T, 20), np.uint8)
-  batch['consec'] = np.zeros((B, T), np.int32)
-  batch['dyn/deter'] = np.zeros((B, T, r.deter), f32)
-  batch['dyn/stoch'] = np.zeros((B, T, r.stoch, r.classes), f32)
-  return batch
 
 
 @pytest.fixture(scope='module')
@@ -86,7 +49,7 @@ def test_twohot_round_trip_and_zero_init():
     assert float(pred) == pytest.approx(target, rel=1e-3, abs=1e-3)
 
 
-def test_kl_free_nats():
+def test_free_nats_clip_small_kls_to_one_and_leave_large_ones():
   cfg = small_config().agent.rssm
   logits = jax.random.normal(jax.random.PRNGKey(0), (4, 2, 4))
   same = dists.OneHot(logits, cfg.unimix, 1)
@@ -98,7 +61,7 @@ def test_kl_free_nats():
   np.testing.assert_allclose(jnp.maximum(1.0, kl), kl)
 
 
-def test_lambda_return_hand_computed():
+def test_lambda_return_matches_hand_computation_and_stops_at_terminal():
   rew = jnp.array([[0.0, 1.0, 2.0, 3.0]])
   boot = jnp.array([[10.0, 20.0, 30.0, 40.0]])
   zeros = jnp.zeros_like(rew)
@@ -156,7 +119,7 @@ def test_optimizer_matches_numpy_reference():
 
 # ------------------------------------------------------------- modules
 
-def test_head_shapes_and_dtypes(dummy_agent):
+def test_encoder_decoder_and_heads_output_expected_shapes_and_dtypes(dummy_agent):
   env, agent, params = dummy_agent
   B, T = 2, 3
   batch = make_batch(agent, B, T)

@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from dreamer_ver.scripts.ray_cluster import namespace  # noqa: E402
 from test_multihost import check_lockstep, wait_for_updates  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT  # noqa: E402
 sys.path.insert(0, str(ROOT / 'bench'))
 from watch import logger_step, read_json, wait  # noqa: E402  (bench/watch.py)
 
@@ -90,7 +90,6 @@ def _run_alive(logdir):
           if a['namespace'] == namespace(logdir)]
 
 
-@pytest.mark.slow
 def test_ray_run_survives_node_loss_stops_on_sigterm_and_resumes(
     cluster, tmp_path):
   logdir = tmp_path / 'run'
@@ -162,7 +161,6 @@ def _agent_saved(logdir):
 
 
 
-@pytest.mark.slow
 def test_ray_runs_a_learner_per_host_and_restarts_them_together(
     cluster, tmp_path):
   """With jax.processes 2 the driver starts `learner1` beside the agent; it

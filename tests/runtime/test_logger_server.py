@@ -74,7 +74,7 @@ def metrics(tmp_path):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_interleaved_episodes_by_value(tmp_path):
+def test_interleaved_env_episodes_are_scored_separately_in_end_order(tmp_path):
   service = make_service(tmp_path)
   # Env 0: rewards 0 (reset), 1, 2, 3 -> score 6, length 3.
   # Env 1: rewards 0 (reset), 5, 5 -> score 10, length 2; ends first.

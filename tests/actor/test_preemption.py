@@ -144,7 +144,7 @@ def test_min_batch_guard_waits_for_adaptive_min_wait():
   assert isinstance(decision, float) and decision == pytest.approx(0.004)
 
 
-def test_ver_rule():
+def test_ver_cuts_at_min_batch_or_min_wait_and_caps_at_max_batch():
   policy = preemption.VER(3, 6, min_wait=0.01, max_wait=0.05)
   assert policy.decide([Req(0.0, 0)], 0.0) == pytest.approx(0.01)
   assert policy.decide([Req(0.0, e) for e in range(3)], 0.0) == preemption.Cut(3, 'min')
@@ -154,7 +154,7 @@ def test_ver_rule():
   assert policy.decide([Req(0.0, e) for e in range(9)], 0.0) == preemption.Cut(6, 'max')
 
 
-def test_make_cutoff_modes():
+def test_make_cutoff_builds_the_configured_policy_from_run_settings():
   from dreamer_ver import config as configlib
   cfg = configlib.compose(['debug'])
   for mode, cls in [('fixed', preemption.Fixed), ('ver', preemption.VER),

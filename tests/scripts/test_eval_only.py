@@ -33,7 +33,7 @@ def read(path):
   return [json.loads(line) for line in path.open()]
 
 
-def test_episode_shares():
+def test_episode_shares_split_episodes_evenly_with_extras_first():
   assert eval_only.episode_shares(5, 2) == [3, 2]
   assert eval_only.episode_shares(4, 4) == [1, 1, 1, 1]
   assert sum(eval_only.episode_shares(7, 3)) == 7

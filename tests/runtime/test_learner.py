@@ -6,7 +6,7 @@ how the learner processes of a multi-host run agree to stop."""
 import concurrent.futures
 
 import numpy as np
-from test_agent import make_batch, small_config, vector_spaces
+from helpers.agent import make_batch, small_config, vector_spaces
 
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent.agent import Agent, policy_params

@@ -18,7 +18,7 @@ from dreamer_ver.envs import gym as gym_env
 from dreamer_ver.envs import resize
 from dreamer_ver.envs import wrappers
 from dreamer_ver.runtime import env_worker
-from conftest import rendered_dmc
+from helpers.envs import rendered_dmc
 
 
 def assert_space(space, dtype, shape, low=None, high=None):
@@ -124,7 +124,7 @@ def test_dummy_episode_flags_and_count():
   assert after['is_first'] and after['count'] == 0 and after['reward'] == 0
 
 
-def test_dummy_reset_via_action():
+def test_dummy_restarts_the_episode_on_a_reset_action():
   env = envs.make_env('dummy_cont')
   env.step(zero_action(env, reset=True))
   for _ in range(5):
@@ -177,7 +177,7 @@ def test_unknown_suite_names_task_and_suites():
     assert suite in message
 
 
-def test_make_env_config_forms():
+def test_make_env_accepts_config_or_dict_and_defaults_when_empty():
   config = elements.Config({'dummy': {'length': 3}, 'gym': {}})
   for env_config in (config, {'dummy': {'length': 3}}):
     env = envs.make_env('dummy_disc', env_config)
@@ -436,7 +436,7 @@ def test_wrappers_forward_render_frames_and_allow_absent_log_keys():
     env.step(action)
 
 
-def test_space_violation_int_bounds():
+def test_space_violation_flags_values_below_low_and_allows_uint8_255():
   assert wrappers.space_violation(np.int32(4), elements.Space(
       np.int32, (), 0, 5)) is None
   assert wrappers.space_violation(np.int32(-1), elements.Space(
@@ -473,7 +473,7 @@ def test_resize_numpy_matches_pillow():
 # DMC.
 
 
-def test_dmc_cartpole_proprio():
+def test_dmc_proprio_cartpole_has_float_obs_and_repeat_sums_rewards():
   pytest.importorskip('dm_control')
   config = {'dmc': {'image': False, 'log_image': False}}
   env = envs.make_env('dmc_cartpole_balance', config, seed=0)
@@ -504,7 +504,7 @@ def test_dmc_cartpole_proprio():
       totals, [rewards[0] + rewards[1], rewards[2] + rewards[3]], rtol=1e-6)
 
 
-def test_dmc_image_rendering():
+def test_dmc_image_has_the_configured_size_and_keeps_proprio():
   env, obs = rendered_dmc({'dmc': {'size': [32, 48]}})
   assert_space(env.obs_space['image'], np.uint8, (32, 48, 3))
   assert obs['image'].shape == (32, 48, 3) and obs['image'].dtype == np.uint8
@@ -563,7 +563,7 @@ def test_dmc_log_image_goes_over_the_wire():
   np.testing.assert_array_equal(back['log/image'], obs['log/image'])
 
 
-def test_dmc_task_names():
+def test_dmc_splits_task_names_resolves_aliases_and_rejects_unknown():
   pytest.importorskip('dm_control')
   from dreamer_ver.envs import dmc
   tasks = [('point_mass', 'easy'), ('ball_in_cup', 'catch'),
@@ -579,7 +579,7 @@ def test_dmc_task_names():
 # Atari.
 
 
-def test_atari100k_pong():
+def test_atari100k_pong_has_64px_images_minimal_actions_and_is_reproducible():
   pytest.importorskip('ale_py')
   def play(seed):
     env = envs.make_env('atari100k_pong', seed=seed)

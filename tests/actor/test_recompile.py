@@ -19,7 +19,7 @@ from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.rpc.batch_server import Request
-from test_agent import make_batch, small_config, vector_spaces
+from helpers.agent import make_batch, small_config, vector_spaces
 
 EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
           '/jax/core/compile/backend_compile_duration')

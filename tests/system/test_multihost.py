@@ -14,14 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dreamer_ver.rpc.addresses import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '20', '--run.log_every', '1',
          '--run.report_every', '1', '--run.save_every', '5',
@@ -116,7 +115,6 @@ def test_two_learner_processes_train_in_lockstep_and_stop_together(tmp_path):
   assert {'train/loss/dyn', 'report/loss/dyn'} <= keys, sorted(keys)
 
 
-@pytest.mark.slow
 def test_a_killed_learner_process_restarts_with_the_agent(tmp_path):
   procs, logs = _launch(tmp_path, steps=1500)
   try:

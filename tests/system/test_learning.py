@@ -9,11 +9,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 LENGTH = 20
 
 

@@ -44,7 +44,7 @@ def arrive(queue, clock, envid=0):
   queue.append(Pending(clock.now, envid))
 
 
-def test_fixed_never_dispatches_fewer():
+def test_fixed_cutoff_waits_for_a_full_batch_however_long():
   clock, queue = FakeClock(), []
   policy = preemption.Fixed(3)
   for _ in range(2):

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent.parent  # helpers/ for the scripts below
+
 SCRIPT = textwrap.dedent('''
     import pickle, sys
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
-    from test_agent import make_batch, small_config, vector_spaces
+    from helpers.agent import make_batch, small_config, vector_spaces
     from dreamer_ver.agent.agent import Agent
     from dreamer_ver.agent.data_parallel import DataParallel
 
@@ -63,7 +65,7 @@ MULTI_PROCESS = textwrap.dedent('''
     jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=2,
                                process_id=rank)
     sys.path.insert(0, tests)
-    from test_agent import make_batch, small_config, vector_spaces
+    from helpers.agent import make_batch, small_config, vector_spaces
     from dreamer_ver.agent.agent import Agent
     from dreamer_ver.agent.data_parallel import DataParallel
 
@@ -97,7 +99,7 @@ def results(tmp_path_factory):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
          'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
   proc = subprocess.run(
-      [sys.executable, '-c', SCRIPT, str(Path(__file__).parent), str(out)],
+      [sys.executable, '-c', SCRIPT, str(TESTS), str(out)],
       env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   import pickle
@@ -137,7 +139,7 @@ def test_two_processes_train_like_one_device(results, tmp_path):
   outs = [tmp_path / f'rank{rank}.pkl' for rank in (0, 1)]
   procs = [subprocess.Popen(
       [sys.executable, '-c', MULTI_PROCESS, str(rank), port,
-       str(Path(__file__).parent), str(outs[rank])], env=env,
+       str(TESTS), str(outs[rank])], env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for rank in (0, 1)]
   try:

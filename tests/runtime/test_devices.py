@@ -175,10 +175,14 @@ def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
   cwd = tmp_path / 'cwd'
   cwd.mkdir()
 
+  # Without the test session's shared cache, which would replace the logdir's.
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  env['JAX_PLATFORMS'] = 'cpu'
+
   def run():
     proc = subprocess.run(
         [sys.executable, '-c', CACHE_SCRIPT, str(first), str(second)],
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, cwd=cwd,
+        env=env, cwd=cwd,
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [line for line in proc.stdout.splitlines() if line.startswith('dir')]
@@ -194,6 +198,25 @@ def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
   # cache: nothing new is compiled, so nothing new is written.
   run()
   assert (entries(first / 'jax_cache'), entries(second / 'jax_cache')) == written
+
+
+def test_jax_compilation_cache_dir_replaces_the_logdir_cache_but_not_off(
+    tmp_path, monkeypatch):
+  import jax
+  shared = tmp_path / 'shared'
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(shared))
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    devices._compile_cache(configlib.compose(['debug'], {
+        'logdir': str(tmp_path / 'run'), 'jax.compile_cache': 'jax_cache'}))
+    assert jax.config.jax_compilation_cache_dir == str(shared)
+    devices._compile_cache(configlib.compose(['debug'], {
+        'logdir': str(tmp_path / 'run'), 'jax.compile_cache': ''}))
+    assert jax.config.jax_compilation_cache_dir is None
+  finally:
+    from jax.experimental.compilation_cache import compilation_cache
+    compilation_cache.reset_cache()
+    jax.config.update('jax_compilation_cache_dir', before)
 
 
 def test_a_learner_process_needs_only_the_replay_address():

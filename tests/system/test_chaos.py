@@ -3,11 +3,10 @@ replay, logger and agent processes keep getting SIGKILLed, checked by the
 rows and episodes it leaves on disk."""
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 sys.path.insert(0, str(ROOT / 'bench'))
 
 import chaos  # noqa: E402

@@ -63,7 +63,7 @@ def test_does_not_import_jax_or_agent():
 
 class TestStorage:
 
-  def test_keys_shapes_and_stepids(self):
+  def test_sample_keeps_shapes_drops_log_keys_and_adds_unique_stepids(self):
     replay = replaylib.Replay(length=5, capacity=10)
     for step in range(30):
       replay.add({
@@ -89,7 +89,7 @@ class TestStorage:
 
   @pytest.mark.parametrize('length,workers,capacity', [
       (1, 1, 1), (2, 1, 2), (5, 1, 10), (1, 2, 2), (5, 3, 15), (2, 7, 20)])
-  def test_capacity_exact(self, length, workers, capacity):
+  def test_size_stops_at_capacity_and_stats_count_inserts_and_evictions(self, length, workers, capacity):
     replay = replaylib.Replay(length, capacity, chunksize=4)
     for step in range(30):
       for worker in range(workers):
@@ -106,7 +106,7 @@ class TestStorage:
       (1, 1, 1, 128), (2, 1, 2, 128), (5, 1, 10, 128), (1, 2, 2, 128),
       (5, 3, 15, 128), (2, 7, 20, 128), (7, 2, 27, 4), (9, 3, 40, 2),
       (4, 2, 30, 1)])
-  def test_sequences_consecutive_single_worker(
+  def test_sampled_sequences_are_consecutive_steps_of_one_worker(
       self, length, workers, capacity, chunksize):
     replay = replaylib.Replay(length, capacity, chunksize=chunksize)
     fill(replay, 30, workers)
@@ -130,13 +130,13 @@ class TestStorage:
 
   @pytest.mark.parametrize(
       'length,capacity', [(1, 1), (2, 2), (5, 10), (3, 20)])
-  def test_sample_single_item(self, length, capacity):
+  def test_sample_repeats_the_only_stored_item(self, length, capacity):
     replay = replaylib.Replay(length, capacity)
     fill(replay, length)
     batch = replay.sample(10)
     assert (batch['step'] == np.arange(length)).all()
 
-  def test_sample_uniform_frequencies(self):
+  def test_items_are_sampled_uniformly_by_default(self):
     replay = replaylib.Replay(length=5, capacity=20, seed=0)
     fill(replay, 7)
     assert len(replay) == 3
@@ -144,7 +144,7 @@ class TestStorage:
     assert sorted(counts) == [0, 1, 2]
     assert all(150 < count < 250 for count in counts.values()), counts
 
-  def test_workers_interleaved(self):
+  def test_interleaved_workers_form_separate_sequences(self):
     replay = replaylib.Replay(length=2, capacity=20)
     replay.add({'step': 0}, worker=0)
     replay.add({'step': 1}, worker='b')
@@ -153,7 +153,7 @@ class TestStorage:
     seqs = {tuple(row) for row in replay.sample(50)['step'].tolist()}
     assert seqs == {(0, 2), (1, 3)}
 
-  def test_workers_random_order(self):
+  def test_workers_adding_in_random_order_keep_sequences_apart(self):
     rng = np.random.default_rng(0)
     replay = replaylib.Replay(length=4, capacity=30, chunksize=3)
     counters = [0, 0, 0]
@@ -166,7 +166,7 @@ class TestStorage:
     assert (batch['worker'] == batch['worker'][:, :1]).all()
     assert set(batch['worker'][:, 0].tolist()) == {0, 1, 2}
 
-  def test_episode_boundaries_annotated(self):
+  def test_sample_sets_is_first_at_start_and_is_last_before_an_episode_start(self):
     replay = replaylib.Replay(length=4, capacity=10)
     for step in range(4):
       replay.add({'step': step, 'is_first': step == 2, 'is_last': False})
@@ -177,7 +177,7 @@ class TestStorage:
     again = replay.sample(1)
     assert again['is_first'][0].tolist() == [True, False, True, False]
 
-  def test_sample_empty_times_out(self):
+  def test_sample_times_out_while_no_full_sequence_is_stored(self):
     replay = replaylib.Replay(length=3, capacity=10)
     replay.add({'step': 0})
     with pytest.raises(TimeoutError):
@@ -232,7 +232,7 @@ class TestInputChecking:
       replay.add([1, 2])
     assert replay.spec is None
 
-  def test_reserved_keys_are_generated(self):
+  def test_given_stepid_and_consec_are_replaced_by_generated_ones(self):
     replay = replaylib.Replay(length=1, capacity=10)
     replay.add({'x': 1, 'stepid': np.zeros(20, np.uint8), 'consec': 5})
     batch = replay.sample(1)
@@ -283,7 +283,7 @@ class TestUpdate:
     again = replay.sample(20)
     assert (again['deter'] != 0).all()
 
-  def test_bad_update_rejected(self):
+  def test_malformed_updates_and_unknown_sample_mode_are_rejected(self):
     replay = self.make()
     batch = replay.sample(2)
     with pytest.raises(ValueError, match='not a stored key'):
@@ -301,7 +301,7 @@ class TestUpdate:
       replay.sample(1, mode='other')
     assert replay.stats()['updates'] == 0
 
-  def test_priorities_reach_selector(self):
+  def test_item_weight_is_mean_of_updated_step_priorities(self):
     selector = replaylib.Prioritized(seed=0)
     replay = replaylib.Replay(length=2, capacity=10, selector=selector)
     fill(replay, 4)  # Items start at steps 0, 1, 2.
@@ -335,7 +335,7 @@ class TestOnline:
     replay.add({'step': 11, 'worker': 0})
     assert replay.sample(1)['step'][0, 0] == 9
 
-  def test_queue_drops_evicted(self):
+  def test_online_queue_drops_evicted_items(self):
     replay = replaylib.Replay(length=2, capacity=4, online=True)
     fill(replay, 50)
     # Only queued items that are still stored remain queued.
@@ -348,7 +348,7 @@ class TestSaveLoad:
   @pytest.mark.parametrize('length,capacity,chunksize,workers', [
       (1, 1, 128, 1), (3, 10, 4, 1), (5, 25, 2, 1), (4, 30, 4, 3),
       (5, 100, 16, 2)])
-  def test_restore_identical(self, tmp_path, length, capacity, chunksize,
+  def test_restored_replay_has_same_items_data_and_stepids(self, tmp_path, length, capacity, chunksize,
                              workers):
     extra = lambda w, s: {'deter': latent(w, s), 'flag': s % 3 == 0}
     replay = replaylib.Replay(
@@ -420,7 +420,7 @@ class TestSaveLoad:
         if sid.tobytes() == target]
     assert hits and all((value == -7).all() for value in hits)
 
-  def test_evicted_chunk_files_deleted(self, tmp_path):
+  def test_evicted_chunk_files_are_deleted_also_after_a_restart(self, tmp_path):
     replay = replaylib.Replay(5, 12, directory=tmp_path, chunksize=4)
     for _ in range(10):
       fill(replay, 20, workers=2)
@@ -466,7 +466,7 @@ class TestSaveLoad:
     # Files that were not loaded are left alone.
     assert len(list(tmp_path.glob('*.npz'))) == 20
 
-  def test_restore_then_insert(self, tmp_path):
+  def test_restored_replay_accepts_new_steps_and_samples_old_and_new(self, tmp_path):
     replay = replaylib.Replay(5, 25, directory=tmp_path, chunksize=2)
     fill(replay, 15)
     replay.save(wait=True)
@@ -503,7 +503,7 @@ class TestSaveLoad:
 
 class TestChunk:
 
-  def test_roundtrip_without_pickle(self, tmp_path):
+  def test_chunk_roundtrips_through_npz_without_pickle(self, tmp_path):
     chunk = chunklib.Chunk(5)
     for step in range(3):
       chunk.append({
@@ -527,7 +527,7 @@ class TestChunk:
     names = [c.filename for c in chunks]
     assert sorted(names) == names
 
-  def test_bad_names_rejected(self):
+  def test_parse_filename_rejects_malformed_names(self):
     for name in ('x.npz', '1-2-3.npz', '1-ab-cd-3.npz', 'a.npy'):
       with pytest.raises(ValueError):
         chunklib.parse_filename(name)
@@ -535,7 +535,7 @@ class TestChunk:
 
 class TestSumTree:
 
-  def test_totals_and_growth(self):
+  def test_total_tracks_inserts_and_removals_and_capacity_grows(self):
     tree = replaylib.SumTree(initial_capacity=2)
     for key in range(50):
       assert tree.total == pytest.approx(sum(range(key)))
@@ -550,7 +550,7 @@ class TestSumTree:
       tree.insert(key, 1)
     assert len(tree) == 50 and tree.capacity == 64
 
-  def test_frequencies_proportional(self):
+  def test_keys_are_sampled_in_proportion_to_weight(self):
     tree = replaylib.SumTree(seed=0)
     weights = {0: 0, 1: 3, 2: 1, 3: 1, 4: 2, 5: 2e-9}
     for key, weight in weights.items():
@@ -563,7 +563,7 @@ class TestSumTree:
     for key in (1, 2, 3, 4):
       assert abs(counts[key] / 4000 - weights[key] / total) < 0.03, counts
 
-  def test_zero_weights(self):
+  def test_zero_weight_keys_are_skipped_unless_all_are_zero(self):
     tree = replaylib.SumTree(seed=0)
     for key in range(30):
       tree.insert(key, 1.0 if key % 3 == 0 else 0.0)
@@ -573,7 +573,7 @@ class TestSumTree:
     counts = collections.Counter(tree.sample() for _ in range(3000))
     assert set(counts) == set(range(30))  # All zero: uniform over all.
 
-  def test_infinite_weights(self):
+  def test_infinite_weight_keys_are_sampled_uniformly_and_exclusively(self):
     tree = replaylib.SumTree(seed=0)
     for key in range(30):
       tree.insert(key, np.inf if key % 5 == 0 else 1e6)
@@ -585,7 +585,7 @@ class TestSumTree:
       tree.remove(key)
     assert tree.sample() % 5 != 0 and tree.infinite == 0
 
-  def test_rejects_bad_weights(self):
+  def test_negative_or_nan_weights_and_sampling_an_empty_tree_raise(self):
     tree = replaylib.SumTree()
     with pytest.raises(ValueError):
       tree.insert(0, -1)
@@ -603,7 +603,7 @@ def stepids(*numbers):
 
 class TestSelectors:
 
-  def test_uniform_add_remove(self):
+  def test_uniform_samples_current_keys_evenly_after_removals(self):
     selector = replaylib.Uniform(seed=0)
     for key in range(10):
       selector[key] = None
@@ -614,7 +614,7 @@ class TestSelectors:
     assert set(counts) == {1, 2, 3, 5, 6, 7, 8}
     assert all(130 < count < 270 for count in counts.values()), counts
 
-  def test_prioritized_proportional(self):
+  def test_prioritized_samples_items_by_mean_step_priority(self):
     selector = replaylib.Prioritized(seed=0)
     selector['a'] = stepids(0, 1)
     selector['b'] = stepids(1, 2)
@@ -625,7 +625,7 @@ class TestSelectors:
     for key, weight in (('a', 2), ('b', 0.5), ('c', 2)):
       assert abs(counts[key] / 3000 - weight / 4.5) < 0.03, counts
 
-  def test_prioritized_exponent_maxfrac_initial(self):
+  def test_prioritized_weight_mixes_max_and_mean_of_powered_priorities(self):
     selector = replaylib.Prioritized(exponent=2, maxfrac=0.5, initial=np.inf)
     selector['new'] = stepids(0, 1)
     assert selector.tree.weight('new') == np.inf
@@ -637,7 +637,7 @@ class TestSelectors:
     del selector['new']
     assert len(selector) == 0 and not selector.powered
 
-  def test_prioritized_zero_on_sample(self):
+  def test_zero_on_sample_stops_a_drawn_item_being_drawn_again(self):
     selector = replaylib.Prioritized(zero_on_sample=True, seed=0)
     selector['a'] = stepids(0, 1)
     selector['b'] = stepids(2, 3)
@@ -645,7 +645,7 @@ class TestSelectors:
     second = selector()
     assert {first, second} == {'a', 'b'}
 
-  def test_recency_prefers_new(self):
+  def test_recency_weights_items_by_inverse_age_and_skips_holes(self):
     selector = replaylib.Recency(exponent=1.0, seed=0)
     for key in range(100):
       selector[key] = None
@@ -662,7 +662,7 @@ class TestSelectors:
     assert {selector() for _ in range(50)} <= {50, 51, 52, 53, 54, 55, 56, 57,
                                               58, 59, 99}
 
-  def test_mixture(self):
+  def test_mixture_rejects_bad_fractions_and_drops_zero_fraction_selectors(self):
     with pytest.raises(ValueError):
       replaylib.Mixture({'u': replaylib.Uniform()}, {'u': 0.5})
     with pytest.raises(ValueError):
@@ -698,7 +698,7 @@ class TestSelectors:
 
 class TestLimiter:
 
-  def test_defaults_prefill_threshold(self):
+  def test_default_limiter_needs_2992_inserts_before_first_sample(self):
     limiter = replaylib.SamplesPerInsert(32 / 64, tolerance=64, minsize=1040)
     inserts = 0
     while not limiter.want_sample()[0]:
@@ -707,7 +707,7 @@ class TestLimiter:
       inserts += 1
     assert inserts == 2992
 
-  def test_bounds(self):
+  def test_credit_starts_at_minsize_and_stays_within_tolerance(self):
     limiter = replaylib.SamplesPerInsert(2.0, tolerance=3, minsize=5)
     assert limiter.want_sample() == (False, 'too few steps: 0 < 5')
     limiter.insert(4)
@@ -726,7 +726,7 @@ class TestLimiter:
     limiter.sample()
     assert not limiter.want_sample()[0] and limiter.want_insert()[0]
 
-  def test_save_load(self):
+  def test_limiter_state_survives_save_and_load(self):
     limiter = replaylib.SamplesPerInsert(0.5, tolerance=2, minsize=3)
     limiter.insert(10)
     limiter.sample(2)
@@ -737,7 +737,7 @@ class TestLimiter:
     assert other.save() == state
     assert other.want_sample() == limiter.want_sample()
 
-  def test_disabled(self):
+  def test_zero_ratio_and_unlimited_limiters_never_block(self):
     limiter = replaylib.SamplesPerInsert(0, tolerance=1, minsize=2)
     limiter.insert(1000)
     assert limiter.want_insert() == (True, 'unlimited')
@@ -746,7 +746,7 @@ class TestLimiter:
     assert unlimited.want_sample()[0] and unlimited.want_insert()[0]
 
 
-def test_threaded_stress(tmp_path):
+def test_concurrent_add_sample_update_and_save_stay_consistent(tmp_path):
   length, capacity = 5, 64
   replay = replaylib.Replay(
       length, capacity, directory=tmp_path, chunksize=8, online=True)

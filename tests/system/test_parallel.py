@@ -5,30 +5,16 @@ import os
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import rendered_dmc
 
 from dreamer_ver import config as config_module
-from dreamer_ver.runtime.env_worker import fleets
+from helpers import ROOT, runs
+from helpers.envs import rendered_dmc
 
-ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '20',
          '--run.log_every', '2', '--run.save_every', '5']
-
-
-def _children_alive(logdir):
-  """Child processes of the run (from `logdir/pids`) still alive."""
-  alive = []
-  for path in (logdir / 'pids').glob('*'):
-    try:
-      os.kill(int(path.read_text()), 0)
-      alive.append(path.name)
-    except ProcessLookupError:
-      pass
-  return alive
 
 
 def _run(args, timeout=300):
@@ -44,10 +30,20 @@ def _main(*args):
   return _run([sys.executable, '-m', 'dreamer_ver.main', *args])
 
 
-def test_parallel_runs_to_steps_then_resumes(tmp_path):
+def test_parallel_runs_to_steps_writes_every_output_and_resumes(
+    tmp_path, monkeypatch):
+  """A debug run with every logger output (W&B offline: no network, no
+  TensorFlow for TensorBoard), then the same command with more steps."""
+  from tensorboard.backend.event_processing.event_accumulator import (
+      EventAccumulator)
+  from helpers.wandb_log import wandb_history
+  for name in ('CONFIG_DIR', 'CACHE_DIR', 'DATA_DIR'):
+    monkeypatch.setenv(f'WANDB_{name}', str(tmp_path / 'wandb_home'))
   logdir = tmp_path / 'run'
+  outputs = ['--logger.outputs', 'jsonl', 'tensorboard', 'wandb',
+             '--logger.wandb_mode', 'offline']
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),
-                    '--run.steps', '300', *FLAGS)
+                    '--run.steps', '300', *FLAGS, *outputs)
   assert code == 0, out[-3000:]
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 300 and counters['version'] >= 1, counters
@@ -72,11 +68,24 @@ def test_parallel_runs_to_steps_then_resumes(tmp_path):
   scores = [json.loads(l) for l in (logdir / 'scores.jsonl').open()]
   assert scores and all(s['length'] == 20 for s in scores)
   assert (logdir / 'pids' / 'replay').exists()
-  assert not _children_alive(logdir), 'child processes left behind'
+  assert not runs.children_alive(logdir), 'child processes left behind'
+
+  # TensorBoard and W&B hold what metrics.jsonl holds.
+  key = 'episode/score'
+  jsonl = {r['step']: r[key] for r in metrics if key in r}
+  assert jsonl
+  events = EventAccumulator(str(logdir))
+  events.Reload()
+  tensorboard = {e.step: e.value for e in events.Scalars(key)}
+  assert tensorboard == pytest.approx(jsonl)  # float32 in the event file
+  (wandb_log,) = logdir.glob('wandb/offline-run-*/run-*.wandb')
+  history = wandb_history(wandb_log)
+  assert {step: row[key] for step, row in history.items()
+          if key in row} == pytest.approx(jsonl)
 
   logger_step = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),
-                    '--run.steps', '500', *FLAGS)
+                    '--run.steps', '500', *FLAGS, *outputs)
   assert code == 0, out[-3000:]
   assert f'Agent resumed at step {counters["steps"]}' in out, out[-3000:]
   resumed = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
@@ -87,21 +96,6 @@ def test_parallel_runs_to_steps_then_resumes(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != 'linux', reason='bash launch script')
-def test_parallel_logs_scores_of_an_eval_worker(tmp_path):
-  logdir = tmp_path / 'run'
-  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
-                    '--run.duration', '60', '--run.eval_every', '3', *FLAGS)
-  assert code == 0, out[-3000:]
-  metrics = [json.loads(l) for l in (logdir / 'metrics.jsonl').open()]
-  evals = [m for m in metrics if 'eval/score' in m]
-  assert evals, out[-3000:]
-  for m in evals:
-    assert 0 <= m['eval/score'] <= 20 and m['eval/length'] == 20, m
-    assert m['eval/version'] >= 0 and m['eval/policy_lag'] >= 0, m
-  assert not (logdir / 'eval_workers' / 'agent.json').exists()
-  assert not _children_alive(logdir), 'child processes left behind'
-
-
 def test_launch_script_runs_components_as_separate_processes(tmp_path):
   logdir = tmp_path / 'split'
   code, out = _run(
@@ -120,16 +114,24 @@ def test_parallel_runs_the_dmc_proprio_preset(tmp_path):
   episode only, which becomes the video `eval/video`."""
   rendered_dmc({})  # Skips where MuJoCo cannot render.
   from PIL import Image
-  logdir = tmp_path / 'dmc'
-  code, out = _main(
+  logdir, log = tmp_path / 'dmc', tmp_path / 'dmc.log'
+  proc = runs.start([
       '--script', 'parallel', '--logdir', str(logdir),
       '--configs', 'dmc_proprio', 'debug', '--task', 'dmc_cartpole_balance',
       '--env.dmc.repeat', '10',  # 100-step episodes
       '--run.envs', '1', '--run.eval_envs', '1', '--run.eval_every', '2',
-      # Seconds of serving after the learner compiled; the eval worker's
-      # first result takes about 20 of them on 2 busy CPU cores.
-      '--run.duration', '45',
-      '--logger.video_every', '1')  # A train episode's frames would show.
+      '--run.steps', '1e9',
+      '--logger.video_every', '1'], log)  # A train episode's frames would show.
+  try:
+    # The eval worker's first video, and a trained update; then SIGTERM.
+    runs.wait_until(
+        lambda: list(logdir.glob('videos/eval_video_*.gif')) and any(
+            m.get('train/updates', 0) >= 1 and m['step'] >= 200
+            for m in runs.metrics(logdir)),
+        300, 'an eval video and an update', log)
+  finally:
+    code = runs.stop(proc)
+  out = log.read_text()
   assert code == 0, out[-3000:]
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 200 and counters['version'] >= 1, counters
@@ -221,51 +223,7 @@ def test_the_multi_host_recipe_runs_as_written_on_loopback(tmp_path):
   # in its reply, which ends its fleet with that message in its log.
   for log in tmp_path.glob('*.log'):
     assert 'needs a carry slot' not in log.read_text(), log.name
-  assert not _children_alive(logdir)
-
-
-def test_a_run_writes_tensorboard_and_wandb_with_the_values_of_metrics_jsonl(
-    tmp_path, monkeypatch):
-  """`--logger.outputs jsonl tensorboard wandb` on a debug run: no
-  TensorFlow, no network (W&B offline); both hold what metrics.jsonl holds."""
-  from tensorboard.backend.event_processing.event_accumulator import (
-      EventAccumulator)
-  from test_outputs import wandb_history
-  for name in ('CONFIG_DIR', 'CACHE_DIR', 'DATA_DIR'):
-    monkeypatch.setenv(f'WANDB_{name}', str(tmp_path / 'wandb_home'))
-  logdir = tmp_path / 'run'
-  code, out = _main('--script', 'parallel', '--logdir', str(logdir),
-                    '--run.steps', '300', *FLAGS, '--logger.outputs', 'jsonl',
-                    'tensorboard', 'wandb', '--logger.wandb_mode', 'offline')
-  assert code == 0, out[-3000:]
-  key = 'episode/score'
-  jsonl = {r['step']: r[key] for r in map(
-      json.loads, (logdir / 'metrics.jsonl').open()) if key in r}
-  assert jsonl
-  events = EventAccumulator(str(logdir))
-  events.Reload()
-  tensorboard = {e.step: e.value for e in events.Scalars(key)}
-  assert tensorboard == pytest.approx(jsonl)  # float32 in the event file
-  (wandb_log,) = logdir.glob('wandb/offline-run-*/run-*.wandb')
-  history = wandb_history(wandb_log)
-  assert {step: row[key] for step, row in history.items()
-          if key in row} == pytest.approx(jsonl)
-
-
-def test_fleets_give_every_env_id_once_train_ids_first():
-  # The env ids every script hands out (parallel's processes, the ray
-  # driver's fleets): each id once, train before eval, none past the
-  # agent's carry slots (envs + eval_envs), from any offset.
-  run = config_module.load_config(
-      ['--run.envs', '5', '--run.eval_envs', '3', '--run.envs_per_worker',
-       '2']).run
-  groups = fleets(run)
-  assert [(name, ids, is_eval) for name, ids, is_eval in groups] == [
-      ('env0-1', [0, 1], False), ('env2-3', [2, 3], False),
-      ('env4', [4], False), ('env5-6', [5, 6], True), ('env7', [7], True)]
-  shifted = fleets(run, offset=20)
-  assert [ids for _, ids, _ in shifted] == [
-      [i + 20 for i in ids] for _, ids, _ in groups]
+  assert not runs.children_alive(logdir)
 
 
 def test_two_policy_lanes_and_two_train_devices_keep_each_envs_carry(
@@ -327,3 +285,29 @@ def test_two_policy_lanes_and_two_train_devices_keep_each_envs_carry(
         stream['dyn/deter'][steps], expected, rtol=1e-4, atol=1e-5)
     checked += len(steps)
   assert checked >= 40, checked
+
+
+def test_parallel_runs_a_crafter_debug_job(tmp_path):
+  """The tiny debug model on 64x64 crafter frames through every process.
+  Episodes are cut at 25 steps so that some finish; no eval env, which
+  saves a process and a policy bucket (about 50 s on 2 busy cores, mostly
+  start-up and the learner's compile)."""
+  pytest.importorskip('crafter')
+  logdir = tmp_path / 'crafter'
+  code, out = _main(
+      '--script', 'parallel', '--configs', 'debug', '--task', 'crafter_reward',
+      '--logdir', str(logdir), '--run.steps', '200', '--run.envs', '2',
+      '--run.eval_envs', '0', '--env.crafter.length', '25',
+      '--run.log_every', '2')
+  assert code == 0, out[-3000:]
+  scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
+  assert scores and all(s['length'] == 25 for s in scores)
+  for score in scores:
+    achievements = [k for k in score if k.startswith('log/achievement_')]
+    assert len(achievements) == 22  # crafter.constants.achievements and 'log/reward' in score
+    assert all(score[k] >= 0 for k in achievements)
+  metrics = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
+  assert 'episode/score' in set().union(*metrics)
+  # The learner trained on the frames (its losses may miss the last write).
+  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
+  assert counters['steps'] >= 200 and counters['version'] >= 1, counters

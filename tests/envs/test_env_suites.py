@@ -1,8 +1,7 @@
 """Tests of the Crafter and Atari 57 suites, their config presets, the suite
 registry (``register`` and entry points), and gymnasium's make kwargs from
-the config; ends with a short crafter run through ``--script parallel``."""
+the config (a crafter run through ``--script parallel``: tests/system)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,8 +13,8 @@ import pytest
 from dreamer_ver import config as configlib
 from dreamer_ver import envs
 from dreamer_ver.envs import dummy
+from helpers import ROOT
 from test_envs import assert_space, run_episode, zero_action
-from test_parallel import ROOT, _main
 
 ACHIEVEMENTS = 22  # crafter.constants.achievements
 
@@ -27,7 +26,7 @@ def act(index):
 # Crafter.
 
 
-def test_crafter_spaces():
+def test_crafter_has_image_achievement_logs_and_17_actions():
   pytest.importorskip('crafter')
   env = envs.make_env('crafter_reward')
   obs = env.obs_space
@@ -43,7 +42,7 @@ def test_crafter_spaces():
   assert env.act_space['action'].classes == 17
 
 
-def test_crafter_options():
+def test_crafter_honours_size_and_logs_and_rejects_unknown_tasks():
   pytest.importorskip('crafter')
   env = envs.make_env(
       'crafter_noreward', {'crafter': {'size': [48, 64], 'logs': False}})
@@ -335,7 +334,7 @@ def test_gym_make_kwargs_from_the_config():
     ('{max_episode_steps: 5}', r'use env.gym.max_episode_steps instead'),
     ('{render_mode: human}', r'use env.gym.pixels instead'),
 ])
-def test_gym_make_kwargs_errors(text, expected):
+def test_gym_rejects_malformed_or_conflicting_make_kwargs(text, expected):
   with pytest.raises(ValueError, match=expected):
     envs.make_env('gym_Pendulum-v1', {'gym': {'make_kwargs': text}})
 
@@ -343,32 +342,3 @@ def test_gym_make_kwargs_errors(text, expected):
 def test_gym_max_episode_steps_must_not_be_negative():
   with pytest.raises(ValueError, match='max_episode_steps must be >= 0'):
     envs.make_env('gym_CartPole-v1', {'gym': {'max_episode_steps': -1}})
-
-
-# End to end.
-
-
-def test_parallel_runs_a_crafter_debug_job(tmp_path):
-  """The tiny debug model on 64x64 crafter frames through every process.
-  Episodes are cut at 25 steps so that some finish; no eval env, which
-  saves a process and a policy bucket (about 50 s on 2 busy cores, mostly
-  start-up and the learner's compile)."""
-  pytest.importorskip('crafter')
-  logdir = tmp_path / 'crafter'
-  code, out = _main(
-      '--script', 'parallel', '--configs', 'debug', '--task', 'crafter_reward',
-      '--logdir', str(logdir), '--run.steps', '200', '--run.envs', '2',
-      '--run.eval_envs', '0', '--env.crafter.length', '25',
-      '--run.log_every', '2')
-  assert code == 0, out[-3000:]
-  scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
-  assert scores and all(s['length'] == 25 for s in scores)
-  for score in scores:
-    achievements = [k for k in score if k.startswith('log/achievement_')]
-    assert len(achievements) == ACHIEVEMENTS and 'log/reward' in score
-    assert all(score[k] >= 0 for k in achievements)
-  metrics = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
-  assert 'episode/score' in set().union(*metrics)
-  # The learner trained on the frames (its losses may miss the last write).
-  counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
-  assert counters['steps'] >= 200 and counters['version'] >= 1, counters

@@ -61,20 +61,3 @@ def test_train_warm_starts_and_stops_at_its_duration(tmp_path, capsys):
   counters = json.loads((warm / 'ckpt' / 'counters.json').read_text())
   # Fresh counters, stopped by the wall clock long before run.steps.
   assert 0 < counters['steps'] < 1e9 and counters != trained
-
-
-def test_train_logs_scores_of_an_eval_worker(tmp_path):
-  logdir = tmp_path / 'run'
-  assert mainlib.main([
-      '--script', 'train', '--logdir', str(logdir), *FLAGS,
-      '--run.steps', '1e9', '--run.duration', '90', '--run.eval_envs', '1',
-      '--run.eval_every', '2', '--run.log_every', '2']) in (0, None)
-  metrics = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
-  evals = [m for m in metrics if 'eval/score' in m]
-  assert evals, metrics[-1]
-  for m in evals:
-    # synthetic_bandit, length 10: a score is the steps that followed the
-    # cue, so it lies in [0, 10]; every episode lasts its 10 steps.
-    assert 0 <= m['eval/score'] <= 10 and m['eval/length'] == 10, m
-    assert m['eval/version'] >= 0 and m['eval/policy_lag'] >= 0, m
-  assert not (logdir / 'eval_workers' / 'agent.json').exists()

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+from helpers.processes import process_state
 sys.path.insert(0, str(ROOT / 'bench'))
 from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
@@ -200,15 +201,6 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
     assert not _alive(_pid(logdir, name)), name
 
 
-def _state(pid):
-  """The process state letter from /proc (T = stopped), None when gone."""
-  try:
-    stat = Path(f'/proc/{pid}/stat').read_text()
-  except FileNotFoundError:
-    return None
-  return stat.rsplit(')', 1)[1].split()[0]
-
-
 def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
   logdir = tmp_path / 'run'
   proc = _start(logdir, 10 ** 6)  # Ends by SIGTERM (see the logger test).
@@ -218,23 +210,23 @@ def test_hung_env_never_blocks_the_others_and_is_stopped_at_the_end(tmp_path):
     pid = _pid(logdir, 'env0')
     # Hung: it stops responding but its socket stays open.
     os.kill(pid, signal.SIGSTOP)
-    assert _wait_for(lambda: _state(pid) == 'T', 10)
+    assert _wait_for(lambda: process_state(pid) == 'T', 10)
     served = _served(logdir)
     assert _wait_for(lambda: _served(logdir) > served + 300, 120), (
         'env steps stalled behind the hung env')
-    assert _state(pid) == 'T'  # Still hung, never restarted or resumed.
+    assert process_state(pid) == 'T'  # Still hung, never restarted or resumed.
     assert _pid(logdir, 'env0') == pid
     out = _sigterm(proc)
   finally:
     _kill(proc)
-    if pid is not None and _state(pid) is not None:
+    if pid is not None and process_state(pid) is not None:
       os.kill(pid, signal.SIGKILL)
   assert proc.returncode == 0, out[-3000:]
   assert _counters(logdir)['steps'] > served
   # The stopped child got SIGCONT with its SIGTERM: it stopped by itself
   # instead of being killed after the 15 s deadline.
   assert 'did not stop within' not in out, out[-3000:]
-  assert _state(pid) is None
+  assert process_state(pid) is None
   for name in ('env1', 'replay', 'logger'):
     assert not _alive(_pid(logdir, name)), name
 
@@ -380,142 +372,3 @@ def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
   counters = _counters(logdir)
   assert counters['steps'] >= 400, counters
   assert counters['version'] > 2, counters
-
-
-def _wait_for_stop(config, ready):
-  """A child that runs until SIGTERM/SIGINT, then exits 0."""
-  from dreamer_ver.runtime.process import StopSignal
-  stop = StopSignal()
-  Path(ready).write_text('ready')
-  while not stop.wait(0.1):
-    pass
-  return 0
-
-
-def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
-  from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children()
-  ready = tmp_path / 'ready'
-  proc = children.start('env0', f'{__name__}:_wait_for_stop',
-                        SimpleNamespace(logdir=str(tmp_path)), str(ready))
-  try:
-    assert _wait_for(ready.exists, 60, poll=0.1)
-    os.kill(proc.pid, signal.SIGSTOP)
-    assert _wait_for(lambda: _state(proc.pid) == 'T', 10, poll=0.1)
-    start = time.monotonic()
-    children.stop_all()
-    elapsed = time.monotonic() - start
-  finally:
-    if proc.is_alive():
-      proc.kill()
-  # SIGTERM alone stays pending while a process is stopped: stop_all would
-  # wait out its 15 s and SIGKILL it (exit code -9), losing its save.
-  assert proc.exitcode == 0 and elapsed < 5, (proc.exitcode, elapsed)
-
-
-def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
-  from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children(backoff=(0.0, 0.0))
-  ready = tmp_path / 'ready'
-  proc = children.start('env0', f'{__name__}:_wait_for_stop',
-                        SimpleNamespace(logdir=str(tmp_path)), str(ready))
-  try:
-    assert _wait_for(ready.exists, 60, poll=0.1)
-    # What Ctrl-C does to every process of the group: the child saves and
-    # exits 0 while the parent is still shutting down.
-    os.kill(proc.pid, signal.SIGINT)
-    proc.join(10)
-    assert proc.exitcode == 0
-    for _ in range(3):
-      children.supervise()
-    assert children.procs['env0'] is proc and not children.restarts
-  finally:
-    children.stop_all()
-
-
-def _crash(config):
-  """A child that fails at once."""
-  del config
-  return 3
-
-
-def test_restart_policy_is_a_parameter_of_start(tmp_path):
-  from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children(backoff=(0.0, 0.0))
-  config = SimpleNamespace(logdir=str(tmp_path))
-  kept = children.start('kept', f'{__name__}:_crash', config)
-  left = children.start('left', f'{__name__}:_crash', config, restart=False)
-  try:
-    kept.join(60)
-    left.join(60)
-    assert kept.exitcode == left.exitcode == 3
-    assert _wait_for(lambda: children.supervise() or children.restarts[
-        'kept'] >= 2, 60, poll=0.1)
-    assert children.restarts['left'] == 0 and children.procs['left'] is left
-  finally:
-    children.stop_all()
-
-
-def test_failure_names_the_first_dead_part_of_the_agent():
-  from types import SimpleNamespace as Fake
-  from dreamer_ver.runtime.agent_process import failure
-  server = Fake(error=None)
-  links = {'actor to replay': Fake(error=None),
-           'learner to logger': Fake(error=None)}
-  assert failure([], server, links) is None
-  links['learner to logger'].error = OSError('bad fd')
-  assert failure([], server, links) == (
-      "the learner to logger link failed: OSError('bad fd')")
-  server.error = ValueError('loop died')
-  assert failure([], server, links) == (
-      "the batch server failed: ValueError('loop died')")
-  assert failure([KeyError('x')], server, links) == (
-      "the learner raised KeyError('x')")
-
-
-class _FakeProc:
-  """A child process stand-in: alive until `die(code)`."""
-
-  def __init__(self):
-    self.exitcode = None
-
-  def is_alive(self):
-    return self.exitcode is None
-
-  def die(self, code):
-    self.exitcode = code
-
-
-def test_backoff_doubles_while_a_child_crashes_and_resets_once_it_ran_stably():
-  from dreamer_ver.runtime.supervisor import Children
-  now = [0.0]
-
-  class FakeChildren(Children):
-    def _spawn(self, name, target, config, args):
-      return _FakeProc()
-
-  children = FakeChildren(backoff=(1.0, 30.0), stable=60.0,
-                          clock=lambda: now[0])
-  children.start('agent', 'unused:target', None)
-  waits = []
-
-  def crash_at(t):
-    """Kills the child at t; returns the wait before its restart."""
-    now[0] = t
-    proc = children.procs['agent']
-    proc.die(1)
-    children.supervise()
-    wait = children.due['agent'] - t
-    now[0] = children.due['agent']
-    children.supervise()
-    assert children.procs['agent'] is not proc, 'not restarted'
-    return wait
-
-  for ran in (0.5, 2.0, 1.0, 100.0, 3.0):  # Seconds each start lives.
-    waits.append(crash_at(now[0] + ran))
-  # Three quick crashes: 1, 2, 4 s; a start that lived 100 s: back to 1 s.
-  assert waits == [1.0, 2.0, 4.0, 1.0, 2.0]
-  assert children.restarts['agent'] == 5

@@ -1,0 +1,189 @@
+"""The EvalWorker on synthetic_bandit, by value: hand-built params that read
+the cue score every step (the maximum, `LENGTH`), params that act against it
+score nothing, and each result comes back once, with its version. (Its
+process killed, on Ray, in a run: tests/system/test_evaluation.py.)"""
+
+import os
+
+import elements
+import numpy as np
+import pytest
+
+from dreamer_ver.envs import make_env, make_run_env
+from dreamer_ver.envs.wrappers import Wrapper
+from dreamer_ver.runtime import evaluation
+from dreamer_ver.runtime.eval_worker import EvalWorker, record_path
+from helpers.evaluation import (  # noqa: F401  (config, agent: fixtures)
+    LENGTH, agent, config, cue_params, poll_from_another_process)
+from helpers.runs import wait_until
+
+
+class Flaky(Wrapper):
+  """synthetic_bandit that renders `log/image` (every pixel is the step
+  count) while its frames are on, counting its renders, and whose first
+  instance in a process raises on its third step."""
+
+  failed = False  # per process: only the first evaluation fails
+
+  def __init__(self, env, fail):
+    super().__init__(env)
+    self.fail = fail
+    self.steps = 0
+    self.frames_on = False
+    self.renders = 0
+
+  @property
+  def obs_space(self):
+    return {**self.env.obs_space,
+            'log/image': elements.Space(np.uint8, (4, 4, 3))}
+
+  def render_frames(self, on):
+    self.frames_on = on
+
+  def step(self, action):
+    self.steps += 1
+    if self.fail and self.steps == 3:
+      raise RuntimeError('the env broke')
+    obs = self.env.step(action)
+    if self.frames_on:
+      obs['log/image'] = np.full((4, 4, 3), obs['count'], np.uint8)
+      self.renders += 1
+    return obs
+
+
+def flaky_env(index):
+  env = make_env('synthetic_bandit', {'synthetic': {'length': LENGTH}},
+                 seed=100 + index)
+  fail, Flaky.failed = not Flaky.failed, True
+  return Flaky(env, fail)
+
+
+@pytest.fixture(scope='module')
+def worker(config):
+  worker = EvalWorker(config, name='main')
+  yield worker
+  worker.shutdown()
+
+
+def test_cue_params_score_the_maximum_and_the_minimum_in_process(
+    config, agent):
+  envs = [make_run_env(config, config.run.envs + i) for i in range(2)]
+  try:
+    for best, score in ((True, LENGTH), (False, 0)):
+      results, frames = evaluation.run_episodes(
+          agent, cue_params(agent, best), envs, [2, 1], 'greedy',
+          record=True)
+      assert [r['score'] for r in results] == [score] * 3
+      assert [r['length'] for r in results] == [LENGTH] * 3
+      assert frames is None  # synthetic_bandit does not render
+  finally:
+    for env in envs:
+      env.close()
+
+
+def test_only_the_first_episode_of_env_0_renders_its_frames():
+  config = {'synthetic': {'length': LENGTH}}
+  envs = [Flaky(make_env('synthetic_bandit', config, seed=i), fail=False)
+          for i in range(3)]
+  # Random actions: the agent and its params are unused.
+  results, frames = evaluation.run_episodes(
+      None, None, envs, [3, 2, 2], 'random', record=True)
+  assert sorted((r['env'], r['episode']) for r in results) == [
+      (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1)]
+  # Env 0's first episode: the reset frame and LENGTH steps, counts 0 ..
+  # LENGTH, each rendered once; then no env renders again.
+  assert frames.shape == (LENGTH + 1, 4, 4, 3)
+  assert (frames[:, 0, 0, 0] == np.arange(LENGTH + 1)).all()
+  assert [env.renders for env in envs] == [LENGTH + 1, 0, 0]
+  assert envs[0].steps == 3 * (LENGTH + 1) and not envs[0].frames_on
+
+
+def test_best_and_worst_params_score_the_known_extremes(worker, agent):
+  worker.submit(cue_params(agent, True), 3, episodes=3)
+  best = worker.poll(timeout=120)
+  assert best['version'] == 3 and best['mode'] == 'greedy'
+  assert best['scores'] == [LENGTH] * 3 and best['lengths'] == [LENGTH] * 3
+  assert best['score_mean'] == LENGTH and best['score_std'] == 0
+  assert best['episodes'] == 3 and best['frames'] is None
+  assert best['seconds'] > 0
+  worker.submit(cue_params(agent, False), 4, episodes=2, mode='sample')
+  worst = worker.poll(timeout=120)
+  assert worst['version'] == 4 and worst['mode'] == 'sample'
+  assert worst['scores'] == [0, 0] and worst['length_mean'] == LENGTH
+
+
+def test_poll_returns_none_while_running_and_each_result_once(worker, agent):
+  params = cue_params(agent, True)
+  worker.submit(params, 10, episodes=40)  # ~5 s: room for the submits
+  wait_until(lambda: worker.status()['running'] == 10, 60, 'the run',
+             poll=0.02)
+  assert worker.poll() is None  # returns at once while it runs
+  # A newer submit replaces the waiting one, never the running one.
+  assert worker.submit(params, 11, episodes=1) == {
+      'version': 11, 'replaced': None}
+  assert worker.submit(params, 12, episodes=1) == {
+      'version': 12, 'replaced': 11}
+  assert worker.status()['pending'] == 12
+  first = worker.poll(timeout=120)
+  second = worker.poll(timeout=120)
+  assert (first['version'], second['version']) == (10, 12)
+  assert first['scores'] == [LENGTH] * 40 and second['scores'] == [LENGTH]
+  assert worker.poll(timeout=0.5) is None  # 11 never ran; 10 and 12 once
+  assert worker.status() == {'pid': worker.status()['pid'], 'running': None,
+                             'pending': None, 'results': 0}
+
+
+def test_bad_submits_are_errors_to_the_caller(worker, agent):
+  params = cue_params(agent, True)
+  with pytest.raises(ValueError, match='mode'):
+    worker.submit(params, 1, mode='random')
+  with pytest.raises(ValueError, match='episodes'):
+    worker.submit(params, 1, episodes=0)
+  params['pol']['action_logits']['bias'] = np.zeros(3, np.float32)
+  with pytest.raises(RuntimeError, match='pol/action_logits/bias'):
+    worker.submit(params, 1)
+  del params['enc']
+  with pytest.raises(RuntimeError, match='missing: enc/'):
+    worker.submit(params, 1)
+  assert worker.status()['pending'] is None
+
+
+def test_from_name_in_another_process_polls_the_same_worker(
+    worker, agent, config):
+  worker.submit(cue_params(agent, True), 21, episodes=2)
+  assert poll_from_another_process('main', config.logdir) == [
+      21, [LENGTH, LENGTH]]
+  assert worker.poll(timeout=0.5) is None  # it went to the other process
+  with pytest.raises(FileNotFoundError, match='no eval worker named'):
+    EvalWorker.from_name('other', config.logdir)
+
+
+def test_an_env_error_is_a_result_and_the_worker_recovers(config, agent):
+  Flaky.failed = False  # in this process; the worker has its own
+  worker = EvalWorker(config, name='flaky', env_maker=flaky_env)
+  try:
+    pid = worker.status()['pid']
+    params = cue_params(agent, True)
+    worker.submit(params, 1, episodes=2)
+    assert worker.poll(timeout=120) == {
+        'error': 'RuntimeError: the env broke', 'version': 1}
+    worker.submit(params, 2, episodes=2)
+    result = worker.poll(timeout=120)
+    assert result['version'] == 2 and result['scores'] == [LENGTH] * 2
+    frames = result['frames']  # env 0's first episode: counts 0 .. LENGTH
+    assert frames.dtype == np.uint8 and frames.shape == (LENGTH + 1, 4, 4, 3)
+    assert (frames[:, 0, 0, 0] == np.arange(LENGTH + 1)).all()
+  finally:
+    worker.shutdown()
+  assert not record_path(config.logdir, 'flaky').exists()
+  with pytest.raises(ProcessLookupError):
+    os.kill(pid, 0)
+
+
+def test_callables_must_reach_the_worker_process(config):
+  with pytest.raises(TypeError, match='top-level function'):
+    EvalWorker(config, name='x', env_maker=lambda i: None)
+  with pytest.raises(ValueError, match='cannot be imported'):
+    EvalWorker(config, name='x', init_fn='dreamer_ver.envs:no_such_thing')
+  with pytest.raises(ValueError, match='name'):
+    EvalWorker(config, name='../x')
