@@ -16,6 +16,8 @@ instead: one cache shared by many runs (a sweep, a test session).
 
 import os
 
+JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
+
 
 def setup(config):
   """Applies `jax.platform`, `jax.prealloc` and `jax.jit`, joins the
@@ -41,9 +43,15 @@ def setup(config):
     # JAX's preemption service would take SIGTERM for itself; our processes
     # stop (and save) on it through runtime/process.StopSignal.
     jax.config.update('jax_enable_preemption_service', False)
+    # Process 0 waits JAX's default 300 s for the others to join. Another
+    # process gives up sooner and fails, to be restarted and look the
+    # coordinator up again: under Ray, a restarted learner may have found
+    # the address of an agent that was about to fail (and restart on a new
+    # port), which JAX would otherwise retry for the whole 300 s.
     jax.distributed.initialize(
         cfg.coordinator, num_processes=cfg.processes,
-        process_id=cfg.process_id)
+        process_id=cfg.process_id,
+        initialization_timeout=300 if cfg.process_id == 0 else JOIN_TIMEOUT)
 
   def pick(key, index, process):
     devices = jax.local_devices(process_index=process)
