@@ -78,7 +78,7 @@ def _compile_cache(config):
   from jax.experimental.compilation_cache import compilation_cache
   folder = os.path.expanduser(config.jax.compile_cache)
   if folder and os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    folder = os.environ['JAX_COMPILATION_CACHE_DIR']
+    folder = os.path.expanduser(os.environ['JAX_COMPILATION_CACHE_DIR'])
   if folder and not os.path.isabs(folder):
     # Inside the logdir; a config without one (library use) caches nothing
     # rather than write into the working directory.

@@ -99,9 +99,17 @@ class StopSignal:
 
   def __init__(self, install=True):
     self.event = threading.Event()
+    self.previous = {}  # signal -> the handler it replaced
     if install and threading.current_thread() is threading.main_thread():
       for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, self._handle)
+        self.previous[sig] = signal.signal(sig, self._handle)
+
+  def restore(self):
+    """Puts back the handlers it replaced (a loop run inside a longer-lived
+    process: a notebook, a test session)."""
+    for sig, handler in self.previous.items():
+      signal.signal(sig, handler)
+    self.previous = {}
 
   def _handle(self, signum, frame):
     del frame

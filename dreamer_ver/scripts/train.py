@@ -34,6 +34,14 @@ from dreamer_ver.runtime.process import StopSignal
 
 
 def train(config):
+  stop = StopSignal()  # Set during start-up too: the loop then saves at once.
+  try:
+    return _train(config, stop)
+  finally:
+    stop.restore()
+
+
+def _train(config, stop):
   logdir = Path(config.logdir)
   run = config.run
   # One process, one device: policy and learner share it.
@@ -74,7 +82,6 @@ def train(config):
     evaluation = PeriodicEvaluation(
         config, lambda: published[-1], lambda: counters['version'],
         eval_rows.append).start()
-  stop = StopSignal()
   start = time.monotonic()
 
   def save():

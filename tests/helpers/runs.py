@@ -25,26 +25,27 @@ def children_alive(logdir):
 
 
 def start(args, log, env=None):
-  """The run with `args`, its output to the file `log`; CPU only."""
+  """The run with `args`, its output to the file `log`; CPU only. It leads
+  a process group of its own, so `stop` can end every process it started."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1',
          **(env or {})}
   with open(log, 'w') as output:
     return subprocess.Popen(
         [sys.executable, '-m', 'dreamer_ver.main', *args], cwd=ROOT, env=env,
-        stdout=output, stderr=subprocess.STDOUT)
+        stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(proc, timeout=120):
-  """SIGTERM, as a user stops a run; its exit code (killed after
-  `timeout` seconds)."""
+  """SIGTERM to the run, as a user stops one; its exit code. After
+  `timeout` seconds its whole process group is killed (the code is then
+  -9, and the test fails on it)."""
   if proc.poll() is None:
     proc.send_signal(signal.SIGTERM)
   try:
     return proc.wait(timeout=timeout)
   except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.wait()
-    raise
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
 
 
 def metrics(logdir):

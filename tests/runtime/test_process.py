@@ -1,5 +1,7 @@
-"""The servers' main loop: periodic tasks until stopped."""
+"""The servers' main loop: periodic tasks until stopped; the stop signal."""
 
+import os
+import signal
 import threading
 import time
 
@@ -22,3 +24,16 @@ def test_run_periodically_calls_each_task_at_its_interval_until_stopped():
   assert len(calls['fast']) >= 8
   gaps = [b - a for a, b in zip(calls['slow'], calls['slow'][1:])]
   assert all(gap >= 0.3 for gap in gaps), gaps
+
+
+def test_a_stop_signal_is_set_by_sigterm_and_restores_the_handlers_it_replaced():
+  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  stop = StopSignal()
+  try:
+    assert not stop
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.wait(5)
+  finally:
+    stop.restore()
+  assert (signal.getsignal(signal.SIGINT),
+          signal.getsignal(signal.SIGTERM)) == before

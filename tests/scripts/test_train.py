@@ -2,6 +2,7 @@
 checkpoints in the parallel runtime's format, and resumes."""
 
 import json
+import signal
 
 from dreamer_ver import main as mainlib
 
@@ -12,7 +13,11 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
 def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
   logdir = tmp_path / 'run'
   flags = ['--script', 'train', '--logdir', str(logdir), *FLAGS]
+  handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
   assert mainlib.main([*flags, '--run.steps', '200']) in (0, None)
+  # It stops on SIGINT/SIGTERM while it runs, and gives them back after.
+  assert (signal.getsignal(signal.SIGINT),
+          signal.getsignal(signal.SIGTERM)) == handlers
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   # 200 steps, 4 envs: updates start once replay holds a batch (8 x 10).
   assert counters['steps'] == 200 and counters['version'] > 0, counters

@@ -25,8 +25,10 @@ def run_until_evaluated(tmp_path, args, timeout=300):
   logdir, log = tmp_path / 'run', tmp_path / 'run.log'
   proc = start([*args, '--logdir', str(logdir)], log)
   try:
-    wait_until(lambda: any('eval/score' in m for m in metrics(logdir)),
-               timeout, 'an eval score', log)
+    # Also ends when the run does (it failed): its exit code says so.
+    wait_until(lambda: proc.poll() is not None or any(
+        'eval/score' in m for m in metrics(logdir)), timeout, 'an eval score',
+               log)
   finally:
     code = stop(proc)
   out = log.read_text()
