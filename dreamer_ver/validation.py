@@ -124,17 +124,17 @@ CHOICES = {
 # Value ranges: (keys, test, the rule as the message states it).
 RANGES = (
     (('batch_size', 'batch_length', 'report_length', 'run.envs',
-      'run.actor_threads', 'replay.chunksize', 'logger.fps',
-      'logger.video_length') + _agent(
+      'run.envs_per_worker', 'run.actor_threads', 'replay.chunksize',
+      'logger.fps', 'logger.video_length') + _agent(
           'rssm.deter', 'rssm.hidden', 'rssm.stoch', 'rssm.classes',
           'rssm.blocks', 'enc.depth', 'enc.units', 'enc.kernel', 'dec.depth',
           'dec.units', 'dec.kernel', 'dec.bspace', 'rewhead.units',
           'conhead.units', 'policy.units', 'value.units', 'imag_length',
           'horizon', 'slowvalue.every'),
      lambda v: v >= 1, 'must be >= 1'),
-    (('replay_context', 'replica', 'run.eval_envs', 'run.eval_every',
-      'run.duration', 'run.actor_min_wait', 'env.gym.max_episode_steps',
-      'env.crafter.length') + _agent(
+    (('replay_context', 'replica', 'run.eval_envs', 'run.envid_offset',
+      'run.eval_every', 'run.duration', 'run.actor_min_wait',
+      'env.gym.max_episode_steps', 'env.crafter.length') + _agent(
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',
           'dec.layers', 'rewhead.layers', 'conhead.layers', 'policy.layers',
           'value.layers', 'rssm.free_nats', 'opt.agc', 'opt.warmup',
