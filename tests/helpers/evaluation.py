@@ -27,7 +27,6 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
 MARGIN = 100.0  # logit gap: no other class keeps any probability
 
 
-
 @pytest.fixture(scope='module')
 def config(tmp_path_factory):
   logdir = tmp_path_factory.mktemp('run')
