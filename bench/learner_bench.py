@@ -13,15 +13,17 @@ FLOPs: matrix-product FLOPs (2 per multiply-add of every `dot_general`
 and convolution) counted on the update's jaxpr, each scan body times its
 length. XLA's `cost_analysis()` counts a scan body once, so its number
 (reported as `xla_flops_scan_once`) undercounts the update by the
-sequence and imagination lengths. The peak is 2048 x 2048 `jnp.dot`s in
-the same dtype, back to back, timed in the same run.
+sequence and imagination lengths. The peak is n x n `jnp.dot`s of random
+operands in the same dtype, back to back, timed in the same run: n = 2048
+on a CPU, 8192 on an accelerator (whose 2048 x 2048 products reach only
+about a third of what larger ones do).
 
 Matmul floor: every matrix product of the update timed alone (at its own
 shapes, dtypes and dimension numbers, on random operands, see
 `product_seconds`), times how often the update runs it: an estimate (not
 a strict bound; bench/README.md says why) of what an update would take if
 all its other work were free. `x_floor` is ms per update / floor, and
-`fraction_of_peak_at_floor` the fraction of the 2048 x 2048 peak that
+`fraction_of_peak_at_floor` the fraction of the peak that
 this model's products reach at their shapes.
 
 `--upstream PYTHON SRC` times upstream DreamerV3's `train` at the same
@@ -183,9 +185,9 @@ def time_updates(run, steps):
   return (time.perf_counter() - start) / steps
 
 
-def matmul_peak(dtype, n=2048, repeats=20):
+def matmul_peak(dtype, n, repeats=20):
   """Sustained FLOP/s of back-to-back n x n matrix products in `dtype`."""
-  x = jnp.ones((n, n), dtype)
+  x = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   dot = jax.jit(jnp.dot)
   dot(x, x).block_until_ready()
   start = time.perf_counter()
@@ -200,11 +202,12 @@ class Upstream:
 
   def __init__(self, python, src, size, dtype, batch, length, steps):
     script = Path(__file__).with_name('upstream_learner.py')
+    backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
     self.proc = subprocess.Popen(
         [python, str(script), src, size, dtype, str(batch), str(length),
-         str(steps)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+         str(steps), backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if backend == 'cpu' else None, text=True,
+        env={**os.environ, 'JAX_PLATFORMS': backend})
     self._read()  # {'ready': true} once compiled
 
   def time_round(self):
@@ -216,7 +219,7 @@ class Upstream:
     for line in self.proc.stdout:  # upstream prints its own lines too
       if line.startswith('{'):
         return json.loads(line)
-    sys.exit(f'upstream_learner.py exited with {self.proc.wait()}')
+    raise RuntimeError(f'upstream_learner.py exited with {self.proc.wait()}')
 
   def close(self):
     self.proc.stdin.close()
@@ -232,15 +235,29 @@ def main():
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--upstream', nargs=2, metavar=('PYTHON', 'SRC'))
+  parser.add_argument('--floor', action=argparse.BooleanOptionalAction,
+                      default=True, help='time the matmul floor (one '
+                      'compile per product: minutes on a GPU)')
   parser.add_argument('--out', default='')
   args = parser.parse_args()
-  runs = {(s, d): make(s, d, args.batch, args.length)
-          for s in args.sizes for d in args.dtypes}
-  upstream = {key: Upstream(*args.upstream, *key, args.batch, args.length,
-                            args.steps)
-              for key in runs} if args.upstream else {}
-  peaks = {d: matmul_peak(d) for d in args.dtypes}
-  floors = {key: matmul_floor(run['ops']) for key, run in runs.items()}
+  runs = {}
+  for size in args.sizes:
+    for dtype in args.dtypes:
+      began = time.perf_counter()
+      runs[size, dtype] = make(size, dtype, args.batch, args.length)
+      print(f'{size} {dtype}: compiled in {time.perf_counter() - began:.0f} s',
+            flush=True)
+  upstream = {}
+  for key in runs if args.upstream else ():
+    try:
+      upstream[key] = Upstream(*args.upstream, *key, args.batch, args.length,
+                               args.steps)
+    except RuntimeError as e:  # ours is still measured
+      print(f'upstream {key}: {e}', flush=True)
+  peak_n = 2048 if jax.default_backend() == 'cpu' else 8192
+  peaks = {d: matmul_peak(d, peak_n) for d in args.dtypes}
+  floors = {key: matmul_floor(run['ops']) if args.floor else math.nan
+            for key, run in runs.items()}
   times = {key: [] for key in runs}
   theirs = {key: [] for key in upstream}
   for _ in range(args.rounds):
@@ -278,6 +295,7 @@ def main():
       'commit': commit, 'device': str(jax.devices()[0].device_kind),
       'machine': platform.processor() or platform.machine(),
       'batch': [args.batch, args.length],
+      'matmul_peak_n': peak_n,
       'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1) for d, p in peaks.items()},
       'rows': rows}
   print(json.dumps(result['matmul_peak_gflop_per_s']))

@@ -1,7 +1,7 @@
 """Upstream DreamerV3's `train` at the learner bench's configuration, run by
 `learner_bench.py --upstream PYTHON SRC` in upstream's own venv.
 
-  PYTHON bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS
+  PYTHON bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS PLATFORM
 
 Builds upstream's agent (SRC: a checkout of danijar/dreamerv3) with the
 `dmc_proprio` preset and SIZE on the same walker spaces, compiles its train
@@ -24,7 +24,7 @@ OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
 ACT = (6,)
 
 
-def build(src, size, dtype, batch, length):
+def build(src, size, dtype, batch, length, platform):
   sys.path.insert(0, src)
   import elements
   import ruamel.yaml as yaml
@@ -35,7 +35,7 @@ def build(src, size, dtype, batch, length):
   for name in ('dmc_proprio', size):
     config = config.update(configs[name])
   config = config.update({
-      'jax.platform': 'cpu', 'jax.compute_dtype': dtype,
+      'jax.platform': platform, 'jax.compute_dtype': dtype,
       'jax.prealloc': False, 'jax.enable_policy': False, 'batch_size': batch,
       'batch_length': length, 'logdir': tempfile.mkdtemp()})
   obs = {k: elements.Space(np.float32, s) for k, s in OBS.items()}
@@ -69,7 +69,7 @@ def random_data(agent, batch, T, seed):
 def main():
   src, size, dtype = sys.argv[1:4]
   batch, length, steps = map(int, sys.argv[4:7])
-  agent = build(src, size, dtype, batch, length)
+  agent = build(src, size, dtype, batch, length, sys.argv[7])
   from embodied.jax import internal
   T = length + agent.config.replay_context
   datas = [random_data(agent, batch, T, s) for s in range(2)]

@@ -144,7 +144,10 @@ def test_rssm_core_is_upstreams_block_gru(backend, monkeypatch):
   deter = rng.normal(size=(5, 32)).astype(np.float32)
   stoch = np.eye(3, dtype=np.float32)[rng.integers(0, 3, (5, 4))]
   action = rng.normal(size=(5, 3)).astype(np.float32)
-  ours = dyn.apply({'params': params}, deter, stoch, action, method=dyn.core)
+  # Full float32 products: a GPU's default (TF32) is off by about 1e-3.
+  with jax.default_matmul_precision('highest'):
+    ours = dyn.apply({'params': params}, deter, stoch, action,
+                     method=dyn.core)
   want = _rssm_core_reference(params, deter, stoch, action, blocks)
   np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-5)
   assert np.abs(want - deter).max() > 0.1  # The step moved the state.

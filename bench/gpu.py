@@ -1,0 +1,341 @@
+"""One command for a GPU window: the stack, the GPU-relevant tests, actor
+serving, the learner and a learning run, each stage bounded, results into
+one folder as JSON, logs and a markdown report.
+
+  python bench/gpu.py --out DIR [--stages stack tests ...] [--smoke]
+  python bench/gpu.py --report DIR [DIR ...]   (one report of several runs)
+
+On a GPU machine without network, `bench/gpu.sh` installs the carried
+wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
+(measurements first: the tests compile for minutes on a GPU):
+
+  stack     GPU name, memory and driver (nvidia-smi), Python and the
+            versions of jax, jaxlib, flax, optax, numpy, `jax.devices()`
+  learner   ms per update, FLOPs and fraction of the bf16 matmul peak at
+            size12m, size50m, size200m (`learner_bench.py`, without the
+            matmul floor: one compile per product is minutes on a GPU)
+  overhead  per-batch host overhead of the actor against the bare jitted
+            step at each padded bucket (`overhead_bench.py`)
+  actor     the actor bench's `fast` fleet (dm_control cartpole, about
+            0.2 ms a step, so the runtime's own cost shows) at 16, 64 and
+            256 envs, tcp and shm, portal's fixed batch vs `ver` and
+            `preempt` (`actor_bench.py`)
+  tests     the GPU-relevant tests with JAX's default backend (the GPU),
+            one pytest per file so that a slow file keeps the others'
+            reports: agent, data-parallel, devices, recompile
+  learning  `--script parallel --configs dmc_proprio` for
+            `--learning_minutes`, its scores against DreamerV3's published
+            runs at the same steps (`dreamer_ver.plot --table`)
+
+Each stage is a child process with a deadline (a hung stage costs its own
+time, not the window's). `--out` gets three files, rewritten after every
+stage so that a window cut short keeps what it finished: `gpu.json` (each
+stage's commands, exit codes, seconds and results), `gpu.md` (the report)
+and `gpu.log` (every command's output); the learning stage adds its
+`scores.jsonl`. Few files, since a GPU machine may send back only a few. `--smoke` runs every stage tiny
+on the CPU in about a minute; a test runs it, so the command cannot rot.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BENCH = ROOT / 'bench'
+STAGES = ('stack', 'learner', 'overhead', 'actor', 'tests', 'learning')
+TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
+         'tests/agent/test_data_parallel.py', 'tests/actor/test_recompile.py',
+         'tests/runtime/test_devices.py')
+ACTOR_ENVS = (16, 64, 256)
+LEARNER_SIZES = ('size12m', 'size50m', 'size200m')
+
+STACK = r'''
+import json, platform, subprocess, sys
+import jax, jaxlib, flax, optax, numpy
+try:
+  smi = subprocess.run(
+      ['nvidia-smi', '--query-gpu=name,memory.total,driver_version',
+       '--format=csv,noheader'], capture_output=True, text=True,
+      timeout=30).stdout.strip()
+except (OSError, subprocess.TimeoutExpired):
+  smi = ''
+json.dump({
+    'python': platform.python_version(), 'machine': platform.machine(),
+    'cpus': __import__('os').cpu_count(), 'nvidia_smi': smi,
+    'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+    'flax': flax.__version__, 'optax': optax.__version__,
+    'numpy': numpy.__version__, 'backend': jax.default_backend(),
+    'devices': [str(d) for d in jax.devices()],
+    'device_kind': jax.devices()[0].device_kind,
+}, open(sys.argv[1], 'w'), indent=1)
+'''
+
+
+def stage_commands(stage, args, out):
+  """[(command, seconds)] that write the stage's results into `out`."""
+  py = [sys.executable]
+  smoke = args.smoke
+  if stage == 'stack':
+    return [(py + ['-c', STACK, str(out / 'stack.json')], 120)]
+  if stage == 'tests':
+    if smoke:
+      return [(py + ['-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                     f'--junitxml={out}/tests_0.xml', '-k', 'carry',
+                     'tests/agent/test_agent.py'], 120)]
+    return [(py + ['-m', 'pytest', '-q', '--tb=short', '-rf',
+                   '-p', 'no:cacheprovider', f'--junitxml={out}/tests_{i}.xml',
+                   path], 150) for i, path in enumerate(TESTS)]
+  if stage == 'overhead':
+    sizes = ['size1m'] if smoke else ['size1m', 'size12m']
+    return [(py + [str(BENCH / 'overhead_bench.py'), '--sizes', *sizes,
+                   '--envs', '4' if smoke else '256',
+                   '--repeats', '3' if smoke else '30',
+                   '--out', str(out / 'overhead.json')], 120 if smoke else 200)]
+  if stage == 'actor':
+    commands = []
+    for envs in ([2] if smoke else ACTOR_ENVS):
+      commands.append((py + [
+          str(BENCH / 'actor_bench.py'), '--fleets', 'fast',
+          '--modes', 'baseline', 'ver', 'preempt', '--transports', 'tcp',
+          'shm', '--envs', str(envs), '--size', 'size1m' if smoke else
+          'size12m', '--seconds', '1' if smoke else '5', '--warmup',
+          '0.5' if smoke else '2', '--repeats', '1',
+          '--out', str(out / f'actor_{envs}.json')], 180 if smoke else 300))
+    return commands
+  if stage == 'learner':
+    command = py + [str(BENCH / 'learner_bench.py'), '--out',
+                    str(out / 'learner.json')]
+    if smoke:
+      command += ['--sizes', 'size1m', '--dtypes', 'float32', '--batch', '2',
+                  '--length', '4', '--steps', '1', '--rounds', '1']
+    else:
+      command += ['--sizes', *LEARNER_SIZES, '--dtypes', 'bfloat16',
+                  '--steps', '5', '--rounds', '2', '--no-floor']
+    if args.upstream:
+      command += ['--upstream', *args.upstream]
+    return [(command, 120 if smoke else 420)]
+  if stage == 'learning':
+    seconds = args.learning_minutes * 60
+    configs = ['debug'] if smoke else ['dmc_proprio']
+    command = py + ['-m', 'dreamer_ver.main', '--script', 'parallel',
+                    '--configs', *configs, '--logdir', str(args.logdir),
+                    '--run.duration', str(seconds)]
+    if smoke:  # short episodes, so that some end in half a minute
+      command += ['--task', 'dummy_cont', '--env.dummy.length', '20',
+                  '--run.envs', '2']
+    return [(command, seconds + 240)]
+  raise ValueError(stage)
+
+
+def run_stage(stage, args, out, work):
+  """Runs a stage's commands under their deadlines (their files go to
+  `work`, their output to `out/gpu.log`); returns its record."""
+  record = {'stage': stage, 'commands': [], 'ok': True}
+  env = dict(os.environ)
+  if not args.smoke:
+    env['JAX_PLATFORMS'] = ''  # JAX's default backend: the GPU
+  start = time.monotonic()
+  with open(out / 'gpu.log', 'a') as log:
+    for command, seconds in stage_commands(stage, args, work):
+      shown = ' '.join(c if len(c) < 200 else '<script>' for c in command)
+      print(f'[{stage}] {shown}', file=log, flush=True)
+      began = time.monotonic()
+      proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
+                              stderr=subprocess.STDOUT,
+                              start_new_session=True)
+      try:
+        code = proc.wait(timeout=seconds)
+      except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 15)
+        try:
+          code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+          os.killpg(proc.pid, 9)
+          code = proc.wait()
+        code = f'timeout after {seconds} s'
+      record['commands'].append({'command': shown, 'exit': code,
+                                 'seconds': round(time.monotonic() - began)})
+      record['ok'] &= code == 0
+  record['seconds'] = round(time.monotonic() - start)
+  record['results'] = collect(stage, args, work)
+  return record
+
+
+def collect(stage, args, out):
+  """The stage's results, read back from the files its commands wrote."""
+  if stage == 'tests':
+    counts = dict.fromkeys(('tests', 'failures', 'errors', 'skipped'), 0)
+    for xml in sorted(out.glob('tests_*.xml')):
+      head = re.search(r'<testsuite [^>]*>', xml.read_text())
+      found = dict(re.findall(r'(\w+)="([^"]*)"', head.group(0)))
+      for key in counts:
+        counts[key] += int(found.get(key, 0))
+    counts['files'] = len(list(out.glob('tests_*.xml')))
+    return counts
+  if stage == 'actor':
+    rows = []
+    for path in sorted(out.glob('actor_*.json')):
+      for r in json.loads(path.read_text()):
+        rows.append({k: r.get(k) for k in (
+            'fleet', 'envs', 'transport', 'mode', 'sps', 'ratio_baseline',
+            'p50_ms', 'p99_ms', 'batch_mean', 'policy_ms_mean', 'cpu_server')})
+    return rows
+  if stage == 'learning':
+    return learning_scores(args)
+  path = out / f'{stage}.json'
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def learning_scores(args):
+  """Steps reached and the score table against the reference."""
+  from dreamer_ver.plot import load_scores
+  if not (Path(args.logdir) / 'scores.jsonl').exists():
+    return {}
+  steps, _ = load_scores(args.logdir)
+  last = int(max(steps, default=0))
+  marks = [s for s in (5000, 10000, 20000, 50000, 100000, 200000, 500000)
+           if s <= last] or [last]
+  # The smoke run's dummy task has no reference: it reads walker's.
+  task = ['--task', 'dmc_walker_walk'] if args.smoke else []
+  table = subprocess.run(
+      [sys.executable, '-m', 'dreamer_ver.plot', str(args.logdir),
+       '--reference', 'dmc_proprio', *task, '--table', *map(str, marks)],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  return {'episodes': len(steps), 'last_step': last,
+          'table': table.stdout.strip() or table.stderr.strip()}
+
+
+def report(records):
+  """Markdown: what ran where, then one section per stage."""
+  lines = []
+  stack = next((r['results'] for r in records if r['stage'] == 'stack'), {})
+  if stack:
+    lines += [f"GPU: {stack.get('nvidia_smi') or stack.get('device_kind')}; "
+              f"{stack.get('cpus')} CPU cores; Python {stack.get('python')}, "
+              f"jax {stack.get('jax')}, jaxlib {stack.get('jaxlib')}, flax "
+              f"{stack.get('flax')}, optax {stack.get('optax')}, numpy "
+              f"{stack.get('numpy')}; backend {stack.get('backend')}, "
+              f"devices {', '.join(stack.get('devices', []))}.", '']
+  for r in records:
+    lines += [f"### {r['stage']} ({'ok' if r['ok'] else 'FAILED'}, "
+              f"{r['seconds']} s; commit {r['commit']}, {r['date']})", '']
+    for c in r['commands']:
+      if c['exit'] != 0:
+        lines.append(f"- `{c['command'][:120]}...` exit {c['exit']}")
+    lines += section(r['stage'], r['results']) + ['']
+  return '\n'.join(lines)
+
+
+def section(stage, res):
+  if not res:
+    return ['(no results)']
+  if stage == 'tests':
+    return [f"{res['files']} files finished: {res['tests']} tests, "
+            f"{res['failures']} failures, {res['errors']} errors, "
+            f"{res['skipped']} skipped (failures: gpu.log)"]
+  if stage == 'overhead':
+    rows = ['| size | bucket | actor.step ms | jitted step ms | host ms |',
+            '| --- | ---: | ---: | ---: | ---: |']
+    rows += [f"| {r['size']} | {r['bucket']} | {r['step_ms']:.3f} | "
+             f"{r['forward_ms']:.3f} | {r['host_ms']:.3f} |" for r in res]
+    return rows
+  if stage == 'actor':
+    rows = ['| envs | transport | mode | env steps/s | x baseline | p50 ms | '
+            'p99 ms | batch | policy ms |',
+            '| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in res:
+      ratio = r['ratio_baseline']
+      rows.append(
+          f"| {r['envs']} | {r['transport']} | {r['mode']} | {r['sps']:.0f} | "
+          f"{'' if ratio is None else f'{ratio:.2f}'} | "
+          f"{_num(r['p50_ms'])} | {_num(r['p99_ms'])} | "
+          f"{_num(r['batch_mean'])} | {_num(r['policy_ms_mean'])} |")
+    return rows
+  if stage == 'learner':
+    peaks = res.get('matmul_peak_gflop_per_s', {})
+    rows = [f"device {res.get('device')}; matmul peak "
+            f"({res.get('matmul_peak_n')}^2 dots) "
+            + ', '.join(f'{d} {p / 1e3:.1f} TFLOP/s' for d, p in peaks.items()),
+            '', '| size | dtype | params | ms/update | GFLOP/update | TFLOP/s '
+            '| of peak | floor ms | x floor | x upstream |',
+            '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in res.get('rows', []):
+      rows.append(
+          f"| {r['size']} | {r['dtype']} | {r['params'] / 1e6:.1f}M | "
+          f"{'-'.join(str(t) for t in r['ms_per_update'])} | "
+          f"{r['gflop_per_update']} | {r['gflop_per_s'] / 1e3:.2f} | "
+          f"{r['fraction_of_matmul_peak']} | {r['matmul_floor_ms']} | "
+          f"{r['x_floor']} | {r.get('speedup_vs_upstream', '')} |")
+    return rows
+  if stage == 'learning':
+    return [f"{res['episodes']} episodes, last at step {res['last_step']}", '',
+            res['table']]
+  return ['```', json.dumps(res, indent=1), '```']
+
+
+def _num(value):
+  return '' if value is None else f'{value:.1f}'
+
+
+def commit():
+  return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
+                        capture_output=True, text=True).stdout.strip() or '?'
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--out', help='folder for the results')
+  parser.add_argument('--stages', nargs='+', default=list(STAGES),
+                      choices=STAGES)
+  parser.add_argument('--smoke', action='store_true',
+                      help='every stage tiny, on the CPU')
+  parser.add_argument('--learning_minutes', type=float, default=8.0)
+  parser.add_argument('--logdir', default='',
+                      help="the learning run's logdir (a new temporary one)")
+  parser.add_argument('--upstream', nargs=2, metavar=('PYTHON', 'SRC'),
+                      help="time upstream DreamerV3's learner beside ours")
+  parser.add_argument('--report', nargs='+', metavar='DIR',
+                      help="print one report of these runs' gpu.json")
+  args = parser.parse_args(argv)
+  if args.report:
+    records = [r for d in args.report
+               for r in json.loads((Path(d) / 'gpu.json').read_text())]
+    print(report(records))
+    return 0
+  if not args.out:
+    parser.error('--out is required')
+  out = Path(args.out).resolve()
+  out.mkdir(parents=True, exist_ok=True)
+  if args.smoke:
+    os.environ['JAX_PLATFORMS'] = 'cpu'
+    args.learning_minutes = min(args.learning_minutes, 0.5)
+  args.logdir = args.logdir or tempfile.mkdtemp(prefix='gpu_learning_')
+  work = Path(tempfile.mkdtemp(prefix='gpu_bench_'))
+  records = []
+  for stage in [s for s in STAGES if s in args.stages]:
+    print(f'{stage}...', flush=True)
+    record = run_stage(stage, args, out, work)
+    record.update(commit=commit(), date=time.strftime('%Y-%m-%d'))
+    records.append(record)
+    print(f"  {'ok' if record['ok'] else 'FAILED'} in {record['seconds']} s",
+          flush=True)
+    (out / 'gpu.json').write_text(json.dumps(records, indent=1))
+    (out / 'gpu.md').write_text(report(records))
+  scores = Path(args.logdir) / 'scores.jsonl'
+  if 'learning' in args.stages and scores.exists():
+    shutil.copy(scores, out / 'scores.jsonl')
+  shutil.rmtree(work, ignore_errors=True)
+  print(report(records))
+  return 0 if all(r['ok'] for r in records) else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

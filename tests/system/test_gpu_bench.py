@@ -1,0 +1,63 @@
+"""bench/gpu.py, the command a GPU window runs, end to end on the CPU
+(`--smoke`): every stage runs its real benchmark, tiny, so the command
+keeps working as the code changes."""
+
+import json
+import subprocess
+import sys
+import zipfile
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / 'bench'))
+import gpu_wheels  # noqa: E402
+
+
+def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
+  out = tmp_path / 'out'
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / 'bench' / 'gpu.py'), '--smoke', '--out',
+       str(out), '--logdir', str(tmp_path / 'logdir')],
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert sorted(p.name for p in out.iterdir()) == [
+      'gpu.json', 'gpu.log', 'gpu.md', 'scores.jsonl']
+  records = {r['stage']: r for r in json.loads((out / 'gpu.json').read_text())}
+  assert list(records) == ['stack', 'learner', 'overhead', 'actor', 'tests',
+                           'learning']
+  assert all(r['ok'] for r in records.values())
+  assert records['stack']['results']['backend'] == 'cpu'
+  learner = records['learner']['results']['rows']
+  assert learner[0]['size'] == 'size1m' and learner[0]['updates_per_s'] > 0
+  assert learner[0]['gflop_per_update'] > 0
+  buckets = [r['bucket'] for r in records['overhead']['results']]
+  assert buckets == [1, 2, 4]
+  actor = records['actor']['results']
+  assert {(r['transport'], r['mode']) for r in actor} == {
+      ('tcp', 'baseline'), ('tcp', 'ver'), ('tcp', 'preempt'),
+      ('shm', 'ver'), ('shm', 'preempt')}
+  assert all(r['sps'] > 0 for r in actor)
+  tests = records['tests']['results']
+  assert tests['tests'] >= 1 and tests['failures'] == tests['errors'] == 0
+  learning = records['learning']['results']
+  assert learning['episodes'] > 0 and learning['last_step'] > 0
+  assert '| dmc_walker_walk |' in learning['table']
+  report = (out / 'gpu.md').read_text()
+  for stage in records:
+    assert f'### {stage} (ok' in report
+
+
+def test_slimming_a_wheel_drops_the_files_and_their_record_lines(tmp_path):
+  wheel = tmp_path / 'pkg-1.0-py3-none-any.whl'
+  with zipfile.ZipFile(wheel, 'w') as z:
+    z.writestr('pkg/__init__.py', 'x = 1\n')
+    z.writestr('pkg/assets/big.bin', b'\0' * 1000)
+    z.writestr('pkg-1.0.dist-info/RECORD', 'stale\n')
+  gpu_wheels.slim(wheel, ('pkg/assets/',))
+  with zipfile.ZipFile(wheel) as z:
+    assert sorted(z.namelist()) == ['pkg-1.0.dist-info/RECORD',
+                                    'pkg/__init__.py']
+    record = z.read('pkg-1.0.dist-info/RECORD').decode().splitlines()
+  assert record == [
+      f"pkg/__init__.py,{gpu_wheels.digest(b'x = 1' + bytes([10]))},6",
+      'pkg-1.0.dist-info/RECORD,,']
