@@ -475,15 +475,32 @@ class BatchServer:
   # ---------------------------------------------------------------- helpers
 
   def _guard(self, loop, *args):
-    """A crashed loop stops the server instead of hanging its clients."""
+    """A crashed loop stops the server: every queued caller gets the error
+    at once, and every later one finds the transports closed."""
     try:
       loop(*args)
     except Exception as e:
       traceback.print_exc()
-      self._failed = self._failed or e
-      with self._cond:
-        self._running = False
-        self._cond.notify_all()
+      self._fail(e)
+
+  def _fail(self, error):
+    with self._cond:
+      self._failed = self._failed or error
+      self._running = False
+      queued = [r for lane in self.lanes for r in lane.pending]
+      for lane in self.lanes:
+        lane.pending.clear()
+      self._cond.notify_all()
+    message = f'{self.name} stopped: {type(error).__name__}: {error}'
+    answered = set()
+    for request in queued:  # A multi-env call's rows share one reply.
+      key = (id(request.transport), request.conn, request.reqnum)
+      if key not in answered:
+        answered.add(key)
+        request.transport.error_reply(
+            request.conn, request.reqnum, 4, message)
+    for transport in self.transports.values():
+      transport.close(timeout=1.0)
 
 
 class _Queue:

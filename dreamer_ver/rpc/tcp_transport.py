@@ -7,6 +7,8 @@ here and never reach the batch server. Connection ids are the peers'
 (host, port) tuples.
 """
 
+import threading
+
 from .server_socket import BadCall, ServerSocket, check_args, parse_call
 
 
@@ -18,6 +20,8 @@ class TcpTransport:
     self.method = method
     self.socket = ServerSocket(addr, name, nodelay=nodelay, **socket_kwargs)
     self.refused = 0  # calls answered with an error before queueing
+    self._closed = False
+    self._close_lock = threading.Lock()
 
   @property
   def conns(self):
@@ -55,7 +59,11 @@ class TcpTransport:
     self.socket.shutdown()
 
   def close(self, timeout):
-    self.socket.close(timeout)
+    """Closes the socket; a second call does nothing."""
+    with self._close_lock:
+      closed, self._closed = self._closed, True
+    if not closed:
+      self.socket.close(timeout)
 
   def _decode(self, addr, msg):
     try:

@@ -503,6 +503,47 @@ def test_closing_the_server_disconnects_waiting_clients(transport):
         result(future)
 
 
+class CrashesAt:
+  """A cutoff with a bug: decide() raises once `queued` calls wait, so the
+  worker loop that asked dies."""
+
+  def __init__(self, cutoff, queued):
+    self.cutoff, self.queued, self.crashed = cutoff, queued, False
+
+  def decide(self, pending, now):
+    if len(pending) >= self.queued:
+      self.crashed = True
+      raise ZeroDivisionError('a bug in the cutoff')
+    return self.cutoff.decide(pending, now)
+
+  def observe_batch(self, size, inference_seconds):
+    self.cutoff.observe_batch(size, inference_seconds)
+
+  def observe_reply(self, envid, time):
+    self.cutoff.observe_reply(envid, time)
+
+
+@pytest.mark.parametrize('transport', TRANSPORTS)
+def test_a_crashed_worker_loop_errors_every_queued_and_later_caller(transport):
+  """Calls queued when a worker loop dies get an error at once, naming the
+  cause, and so does every later call: none waits for close()."""
+  # Fixed(3): the first two calls wait in the queue, where the (buggy)
+  # cutoff raises; the third caller calls after that.
+  cutoff = CrashesAt(preemption.Fixed(3), queued=2)
+  with serving(Doubler(), cutoff, transports=(transport,)) as (server, addr):
+    with connected(addr, 3, server=server) as clients:
+      first = [c.act({'x': np.array([i]), 'envid': np.int64(i)})
+               for i, c in enumerate(clients[:2])]
+      wait_until(lambda: cutoff.crashed)
+      assert isinstance(server.error, ZeroDivisionError)
+      for future in first:
+        with pytest.raises(Exception, match='a bug in the cutoff|Disconn'):
+          result(future)
+      with pytest.raises(Exception) as later:
+        result(clients[2].act({'x': np.array([2]), 'envid': np.int64(2)}))
+      assert not isinstance(later.value, TimeoutError)
+
+
 def test_server_binds_loopback_for_localhost():
   server = BatchServer(
       f'localhost:{free_port()}', Doubler(), preemption.Fixed(1), logging=False)
