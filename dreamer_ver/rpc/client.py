@@ -113,18 +113,32 @@ class Client:
     return future
 
   def close(self, timeout=None):
-    """Stops the receiver; calls still in flight fail with Disconnected."""
+    """Stops the receiver; calls still in flight fail with Disconnected. A
+    call blocked in its send (a peer that stopped reading) is cut off: the
+    socket is shut down first, which ends the send with an error."""
     self._stop.set()
+    sock = self._sock
+    if sock is not None:
+      _shutdown(sock)
     self._thread.join(timeout)
-    self._fail_inflight(Disconnected(f'{self.name} closed'))
+    self._fail_inflight(Disconnected(f'{self.name} closed'),
+                        -1 if timeout is None else timeout)
 
-  def _fail_inflight(self, error):
-    with self._send_lock, self._cond:
-      if self._sock is not None:
-        self._sock.close()
-        self._sock = None
-      inflight, self._inflight = self._inflight, {}
-      self._cond.notify_all()
+  def _fail_inflight(self, error, wait=-1):
+    """Fails the calls in flight; waits at most `wait` seconds (-1: for
+    ever) for a send in progress (a reconnect's resend to a peer that
+    stopped reading can block)."""
+    locked = self._send_lock.acquire(timeout=wait)
+    try:
+      with self._cond:
+        if self._sock is not None:
+          self._sock.close()
+          self._sock = None
+        inflight, self._inflight = self._inflight, {}
+        self._cond.notify_all()
+    finally:
+      if locked:
+        self._send_lock.release()
     for _, future in inflight.values():
       future.set_exception(error)
 

@@ -285,3 +285,43 @@ def test_a_connection_lost_while_resending_is_retried(monkeypatch):
   finally:
     client.close(timeout=2)
     server.close()
+
+
+def test_close_returns_while_a_call_is_stuck_sending_to_a_peer_that_stopped_reading():
+  # The peer takes the connection (and the handshake) and never reads: a
+  # large call fills the socket buffers and blocks in its send, holding the
+  # send lock. close() must cut it off, not wait for it forever.
+  listener = socket.create_server(('127.0.0.1', 0))
+  listener.settimeout(5)
+  client = Client(f'127.0.0.1:{listener.getsockname()[1]}', 'Stuck')
+  peer, _ = listener.accept()
+  deadline = time.monotonic() + 5
+  while not client.connected and time.monotonic() < deadline:
+    time.sleep(0.01)
+  outcome = []
+
+  def send():
+    try:
+      outcome.append(client.call('put', np.zeros(256 << 20, np.uint8)))
+    except Exception as e:
+      outcome.append(e)
+
+  sender = threading.Thread(target=send, daemon=True)
+  sender.start()
+  sender.join(0.5)
+  assert sender.is_alive()  # Blocked in the send.
+  closer = threading.Thread(target=client.close, kwargs={'timeout': 1},
+                            daemon=True)
+  closer.start()
+  closer.join(10)
+  try:
+    assert not closer.is_alive(), 'close() hung behind a blocked send'
+    sender.join(5)
+    assert not sender.is_alive()
+    error = outcome[0]  # Raised by call(), or the future's exception.
+    if not isinstance(error, Exception):
+      error = error.exception(5)
+    assert isinstance(error, Disconnected)
+  finally:
+    peer.close()
+    listener.close()
