@@ -35,7 +35,8 @@ from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.learner import Learner, loggable
 from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, peer, resolve, server_kwargs, with_token)
+    StopSignal, client_kwargs, every, peer, resolve, server_kwargs,
+    with_token)
 
 
 def build_agent(config):
@@ -125,7 +126,7 @@ def run_agent(config, stop=None):
   server.start()
 
   def learn():
-    should_save = elements.when.Clock(run.save_every)
+    should_save = every(run.save_every)
     def stop_or_save():
       if should_save():
         counters['steps'] = shipper.served
@@ -150,7 +151,7 @@ def run_agent(config, stop=None):
         lambda metrics: eval_logger.add(loggable(metrics))).start()
   links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
            'learner to replay': learner.replay, 'learner to logger': logger}
-  should_log = elements.when.Clock(run.log_every)
+  should_log = every(run.log_every)
   fps = elements.FPS()
   last = shipper.served
   first = shipper.served  # None once the first action is out

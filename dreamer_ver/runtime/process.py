@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import elements
+
 from dreamer_ver.rpc import addresses
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
@@ -126,6 +128,13 @@ class StopSignal:
 
   def wait(self, timeout):
     return self.event.wait(timeout)
+
+
+def every(seconds):
+  """A clock (`elements.when.Clock`) that fires every `seconds`, and never
+  when `seconds` <= 0: Clock(0) would fire on every call, and the config's
+  `<= 0` means off everywhere, as in `run_periodically`."""
+  return elements.when.Clock(seconds if seconds > 0 else -1)
 
 
 def run_periodically(stop, tasks, poll=0.5):

@@ -30,7 +30,7 @@ from dreamer_ver.replay import build
 from dreamer_ver.runtime import devices
 from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
 from dreamer_ver.runtime.logger_server import LoggerService
-from dreamer_ver.runtime.process import StopSignal
+from dreamer_ver.runtime.process import StopSignal, every
 
 
 def train(config):
@@ -67,15 +67,15 @@ def _train(config, stop):
   envids = np.arange(len(envs))
   key = jax.random.PRNGKey(config.seed)
   metrics = collections.defaultdict(list)
-  should_log = elements.when.Clock(run.log_every)
-  should_save = elements.when.Clock(run.save_every)
+  should_log = every(run.log_every)
+  should_save = every(run.save_every)
   fps_policy, fps_train = elements.FPS(), elements.FPS()
   # The evaluation thread reads only this snapshot (the loop donates the
   # train state's buffers) and hands its rows over through `eval_rows`.
   snapshot = lambda: (jax.device_get(policy_params(state['params'])),
                       counters['version'])
   published, eval_rows = [], []
-  should_publish = elements.when.Clock(run.eval_every)
+  should_publish = every(run.eval_every)
   evaluation = None
   if run.eval_every > 0:
     published.append(snapshot())

@@ -66,3 +66,17 @@ def test_train_warm_starts_and_stops_at_its_duration(tmp_path, capsys):
   counters = json.loads((warm / 'ckpt' / 'counters.json').read_text())
   # Fresh counters, stopped by the wall clock long before run.steps.
   assert 0 < counters['steps'] < 1e9 and counters != trained
+
+
+def test_save_every_zero_turns_periodic_saves_off(tmp_path, monkeypatch):
+  """`run.save_every <= 0` means no periodic saves (as in the replay and
+  logger servers): the run saves once, at its end."""
+  from dreamer_ver.agent import checkpoint
+  saves = []
+  real = checkpoint.Checkpoint.save
+  monkeypatch.setattr(checkpoint.Checkpoint, 'save', lambda self, *a: (
+      saves.append(1), real(self, *a))[1])
+  assert mainlib.main([
+      '--script', 'train', '--logdir', str(tmp_path), *FLAGS,
+      '--run.steps', '200', '--run.save_every', '0']) in (0, None)
+  assert len(saves) == 1
