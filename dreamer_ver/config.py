@@ -398,8 +398,19 @@ def changes(config, base):
   return {k: v for k, v in config.flat.items() if theirs.get(k) != v}
 
 
+SECRET_KEYS = ('run.token',)
+
+
+def redacted(config, mark=''):
+  """The config with its secrets (the run token) replaced by `mark`: what
+  may be printed, written to config.yaml or uploaded."""
+  return config.update({key: mark for key in SECRET_KEYS if config[key]})
+
+
 def summary(config, names=(), folder=None):
-  """A short human-readable summary: blocks, script, task, and changed keys."""
+  """A short human-readable summary: blocks, script, task, and changed keys
+  (secrets shown as '(hidden)')."""
+  config = redacted(config, '(hidden)')
   base = compose((), folder=folder)
   lines = [f"Config blocks: {', '.join([DEFAULTS, *names])}"]
   lines.append(f'Script: {config.script}  Task: {config.task}  '

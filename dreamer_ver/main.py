@@ -94,7 +94,8 @@ def main(argv=None):
     print(USAGE)
     print(f"blocks: {', '.join(configlib.block_names())}")
     print(f'scripts: {_available()}')
-    print(_keys_help(config, configlib.meanings()))
+    print(_keys_help(configlib.redacted(config, '(hidden)'),
+                     configlib.meanings()))
     return 0
 
   try:
@@ -123,8 +124,11 @@ def main(argv=None):
   fn = getattr(importlib.import_module(module), function)
   if not config.script.endswith(NO_LOGDIR_SUFFIXES):
     os.makedirs(config.logdir, exist_ok=True)
-    config.save(os.path.join(config.logdir, 'config.yaml'))
-  result = fn(config)
+    configlib.redacted(config).save(os.path.join(config.logdir, 'config.yaml'))
+  try:
+    result = fn(config)
+  except configlib.ConfigError as e:  # Found by a script as it starts.
+    return _error(e)
   return result if isinstance(result, int) else 0
 
 

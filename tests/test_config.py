@@ -416,6 +416,41 @@ def test_main_dispatches_to_registered_script(tmp_path, monkeypatch, capsys):
   assert 'fake, fake_env' in capsys.readouterr().err
 
 
+def test_main_never_prints_or_saves_the_token(tmp_path, monkeypatch, capsys):
+  (tmp_path / 'token_script_mod.py').write_text(textwrap.dedent('''
+      CALLS = []
+      def run(config):
+        CALLS.append(config)
+  '''))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setitem(M.SCRIPTS, 'fake', 'token_script_mod:run')
+  import token_script_mod
+  logdir = tmp_path / 'run'
+  assert M.main(['--configs', 'debug', '--script', 'fake', '--logdir',
+                 str(logdir), '--run.token', 'sekrit-token']) == 0
+  assert token_script_mod.CALLS[-1].run.token == 'sekrit-token'
+  out = capsys.readouterr().out
+  assert 'run.token' in out and 'sekrit' not in out
+  assert 'sekrit' not in (logdir / 'config.yaml').read_text()
+  assert M.main(['--run.token', 'sekrit-token', '--help']) == 0
+  assert 'sekrit' not in capsys.readouterr().out
+
+
+def test_a_config_error_a_script_raises_at_start_is_one_line_and_exit_2(
+    tmp_path, monkeypatch, capsys):
+  (tmp_path / 'refusing_script_mod.py').write_text(textwrap.dedent('''
+      from dreamer_ver.config import ConfigError
+      def run(config):
+        raise ConfigError('the token file is empty')
+  '''))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setitem(M.SCRIPTS, 'fake', 'refusing_script_mod:run')
+  assert M.main(['--configs', 'debug', '--script', 'fake', '--logdir',
+                 str(tmp_path / 'run')]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ['error: the token file is empty']
+
+
 def test_main_help_gives_every_key_its_value_and_meaning(capsys):
   assert M.main(['--configs', 'debug', '--help']) == 0
   out = capsys.readouterr().out

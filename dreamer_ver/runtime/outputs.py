@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from dreamer_ver.config import redacted
 from dreamer_ver.files import write_json
 
 # The package each optional output imports (the pip extra has its name).
@@ -156,7 +157,7 @@ class WandB:
     self.run = wandb.init(
         project=config.logger.wandb_project, dir=str(logdir),
         mode=config.logger.wandb_mode, name=logdir.name, id=run_id,
-        resume='allow', config=dict(config.flat))
+        resume='allow', config=dict(redacted(config).flat))
 
   def write(self, step, scalars):
     self.run.log(scalars, step=step)

@@ -15,6 +15,7 @@ owner-only permissions by the first component that needs it).
 import os
 import secrets
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import elements
 
 from dreamer_ver.rpc import addresses
+from dreamer_ver.validation import ConfigError
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
 RAY_PREFIX = 'ray:'
@@ -68,10 +70,20 @@ def resolve(addr, stop, poll=1.0):
 
 
 def with_token(config):
-  """The config with `run.token` filled in (see the module docstring)."""
-  token = config.run.token or os.environ.get(TOKEN_ENV, '')
-  if not token:
-    token = _logdir_token(Path(config.logdir))
+  """The config with `run.token` filled in (see the module docstring).
+  Raises ConfigError for an empty or blank token: portal's handshake
+  without one is public, so it would let anyone in."""
+  if config.run.token:
+    token, where = config.run.token, 'run.token'
+  elif os.environ.get(TOKEN_ENV):
+    token, where = os.environ[TOKEN_ENV], TOKEN_ENV
+  else:
+    path = Path(config.logdir) / 'token'
+    token, where = _logdir_token(Path(config.logdir)), str(path)
+  if not token.strip():
+    raise ConfigError(
+        f'{where} is empty: the run token must be a secret, not blank '
+        '(remove an empty token file and one is made)')
   return config.update({'run.token': token})
 
 
@@ -89,6 +101,9 @@ def _logdir_token(logdir):
       pass
     finally:
       tmp.unlink()
+  if path.stat().st_mode & 0o077:
+    print(f'warning: other users can read the run token in {path}; '
+          f'chmod 600 {path}', file=sys.stderr)
   return path.read_text().strip()
 
 

@@ -58,7 +58,8 @@ def test_every_output_reads_back_by_value(tmp_path, monkeypatch):
   logdir = tmp_path / 'run7'
   overrides = {'logger.outputs': ['jsonl', 'tensorboard', 'wandb'],
                'logger.wandb_mode': 'offline',
-               'logger.wandb_project': 'tests', 'logger.fps': 10}
+               'logger.wandb_project': 'tests', 'logger.fps': 10,
+               'run.token': 'sekrit-run-token'}
   service = make_service(logdir, **overrides)
   video = known_video()
   service.tran(rows([0, 1], first=True))
@@ -102,6 +103,10 @@ def test_every_output_reads_back_by_value(tmp_path, monkeypatch):
   config = {item.key: json.loads(item.value_json)
             for item in run.config.update}
   assert config['batch_size'] == 8 and config['logger.fps'] == 10
+  # The run's token is never uploaded (nor written anywhere in the logdir).
+  assert config['run.token'] == ''
+  for file in logdir.rglob('*'):
+    assert not file.is_file() or b'sekrit' not in file.read_bytes(), file
   history = wandb_history(path)
   assert sorted(history) == [2, 3]
   assert history[2]['train/loss'] == 1.5

@@ -5,7 +5,11 @@ import signal
 import threading
 import time
 
-from dreamer_ver.runtime.process import StopSignal, run_periodically
+import pytest
+
+from dreamer_ver.config import ConfigError, compose
+from dreamer_ver.runtime.process import (
+    TOKEN_ENV, StopSignal, run_periodically, with_token)
 
 
 def test_run_periodically_calls_each_task_at_its_interval_until_stopped():
@@ -37,3 +41,44 @@ def test_a_stop_signal_is_set_by_sigterm_and_restores_the_handlers_it_replaced()
     stop.restore()
   assert (signal.getsignal(signal.SIGINT),
           signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_the_token_comes_from_the_flag_the_environment_or_the_logdir(
+    tmp_path, monkeypatch):
+  monkeypatch.delenv(TOKEN_ENV, raising=False)
+  config = compose(['debug'], {'logdir': str(tmp_path)})
+  made = with_token(config).run.token
+  assert len(made) == 32 and (tmp_path / 'token').read_text() == made
+  assert (tmp_path / 'token').stat().st_mode & 0o777 == 0o600
+  assert with_token(config).run.token == made  # The same file, again.
+  monkeypatch.setenv(TOKEN_ENV, 'from-env')
+  assert with_token(config).run.token == 'from-env'
+  assert with_token(config.update({'run.token': 'flag'})).run.token == 'flag'
+
+
+def test_an_empty_token_is_refused_not_taken_for_no_authentication(
+    tmp_path, monkeypatch):
+  # portal's default handshake is public: an empty token would mean any
+  # local or remote client gets in.
+  monkeypatch.delenv(TOKEN_ENV, raising=False)
+  config = compose(['debug'], {'logdir': str(tmp_path)})
+  (tmp_path / 'token').write_text(' \n')
+  (tmp_path / 'token').chmod(0o600)
+  with pytest.raises(ConfigError, match='token.*empty'):
+    with_token(config)
+  with pytest.raises(ConfigError, match='run.token.*empty'):
+    with_token(config.update({'run.token': '   '}))
+  monkeypatch.setenv(TOKEN_ENV, ' ')
+  with pytest.raises(ConfigError, match=f'{TOKEN_ENV}.*empty'):
+    with_token(config)
+
+
+def test_a_token_file_others_can_read_gets_a_warning(tmp_path, monkeypatch,
+                                                     capsys):
+  monkeypatch.delenv(TOKEN_ENV, raising=False)
+  config = compose(['debug'], {'logdir': str(tmp_path)})
+  (tmp_path / 'token').write_text('abc123')
+  (tmp_path / 'token').chmod(0o644)
+  assert with_token(config).run.token == 'abc123'
+  err = capsys.readouterr().err
+  assert 'token' in err and 'chmod 600' in err and 'abc123' not in err
