@@ -15,8 +15,18 @@ instead: one cache shared by many runs (a sweep, a test session).
 """
 
 import os
+import socket
 
 JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
+
+
+def coordinator_bind_address(config):
+  """Where process 0 serves JAX's coordinator: `run.bind_host` when set,
+  else the address of `jax.coordinator`'s own host, as the run's servers
+  bind (JAX alone would listen on every interface)."""
+  host, _, port = config.jax.coordinator.rpartition(':')
+  host = config.run.bind_host or socket.gethostbyname(host)
+  return f'{host}:{port}'
 
 
 def setup(config):
@@ -51,7 +61,8 @@ def setup(config):
     jax.distributed.initialize(
         cfg.coordinator, num_processes=cfg.processes,
         process_id=cfg.process_id,
-        initialization_timeout=300 if cfg.process_id == 0 else JOIN_TIMEOUT)
+        initialization_timeout=300 if cfg.process_id == 0 else JOIN_TIMEOUT,
+        coordinator_bind_address=coordinator_bind_address(config))
 
   def pick(key, index, process):
     devices = jax.local_devices(process_index=process)

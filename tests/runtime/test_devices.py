@@ -219,6 +219,30 @@ def test_jax_compilation_cache_dir_replaces_the_logdir_cache_but_not_off(
     jax.config.update('jax_compilation_cache_dir', before)
 
 
+@pytest.mark.parametrize('coordinator, bind_host, expected', [
+    ('localhost:4321', '', '127.0.0.1:4321'),
+    ('127.0.0.1:4321', '', '127.0.0.1:4321'),
+    ('10.1.2.3:4321', '0.0.0.0', '0.0.0.0:4321'),
+])
+def test_the_jax_coordinator_binds_where_the_run_binds(
+    monkeypatch, coordinator, bind_host, expected):
+  import jax
+  joined = {}
+
+  def initialize(*args, **kwargs):
+    joined.update(kwargs)
+    raise RuntimeError('stop here')
+
+  monkeypatch.setattr(jax.distributed, 'initialize', initialize)
+  monkeypatch.setattr(jax.config, 'update', lambda *a: None)
+  config = configlib.compose(['debug'], {
+      'jax.processes': 2, 'jax.coordinator': coordinator,
+      'run.bind_host': bind_host, 'jax.compile_cache': ''})
+  with pytest.raises(RuntimeError, match='stop here'):
+    devices.setup(config)
+  assert joined['coordinator_bind_address'] == expected
+
+
 def test_a_learner_process_needs_only_the_replay_address():
   validation.validate(configlib.compose(['debug'], {
       'script': 'parallel_learner', 'jax.processes': 2, 'jax.process_id': 1,
