@@ -133,6 +133,7 @@ RANGES = (
           'horizon', 'slowvalue.every'),
      lambda v: v >= 1, 'must be >= 1'),
     (('replay_context', 'replica', 'run.eval_envs', 'run.envid_offset',
+      'run.crash_limit',
       'run.eval_every', 'run.duration', 'run.actor_min_wait',
       'env.gym.max_episode_steps', 'env.crafter.length') + _agent(
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',
@@ -145,7 +146,7 @@ RANGES = (
      lambda v: v >= 0, 'must be >= 0'),
     (('replay.size', 'run.steps', 'run.train_ratio', 'run.log_every',
       'run.report_every', 'run.episode_timeout', 'run.actor_max_wait',
-      'run.env_timeout') + _agent('opt.eps'),
+      'run.env_timeout', 'run.crash_window') + _agent('opt.eps'),
      lambda v: v > 0, 'must be > 0'),
     (_agent('rewhead.bins', 'value.bins'), lambda v: v >= 2, 'must be >= 2'),
     (_agent('rssm.unimix', 'policy.unimix', 'opt.beta1', 'opt.beta2'),

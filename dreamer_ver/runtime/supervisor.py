@@ -34,14 +34,19 @@ class Children:
   with a non-zero exit code (a child exits 0 only when told to stop),
   waiting an exponential backoff per child so a process that keeps crashing
   does not spin (a child that ran for `stable` seconds before it died starts
-  again from the shortest wait); `supervise_in_background()` calls it every half second on
-  a daemon thread. `stop_all()` ends supervision, then stops the children
+  again from the shortest wait); `supervise_in_background()` calls it every
+  half second on a daemon thread. A child that fails `crash_limit` times
+  within `crash_window` seconds will fail again (a damaged file, a bad
+  flag): it is not restarted, `gave_up` names it and its exit code, and
+  `wait_for` returns that code, so whoever runs this process (a shell, Ray,
+  Kubernetes) sees the failure. `crash_limit` 0 restarts for ever. `stop_all()` ends supervision, then stops the children
   in groups of rising `stop_order` (e.g. envs before the servers they feed,
   so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
   it), and a kill for what is still alive after SHUTDOWN_SECONDS.
   """
 
-  def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic):
+  def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic,
+               crash_limit=0, crash_window=300.0):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
     self.specs = {}  # name -> (target, config, args, restart, stop_order)
@@ -52,6 +57,10 @@ class Children:
     self.crashes = collections.Counter()  # restarts since it last ran stably
     self.started = {}  # name -> clock() at its latest start
     self.due = {}  # name -> time a dead child may be restarted
+    self.crash_limit = crash_limit
+    self.crash_window = crash_window
+    self.crash_times = collections.defaultdict(collections.deque)
+    self.gave_up = None  # (name, exit code) of a child in a crash loop
     self.lock = threading.RLock()  # supervise() vs stop_all()
     self.stopping = False
     self.halt = threading.Event()
@@ -98,7 +107,15 @@ class Children:
         # It was asked to stop (SIGINT/SIGTERM, e.g. Ctrl-C reaches the
         # whole process group) and saved: not a crash, not restarted.
         continue
+      if self.gave_up is not None and self.gave_up[0] == name:
+        continue
       if name not in self.due:
+        if self._crash_loop(name, now):
+          self.gave_up = (name, proc.exitcode)
+          print(f'{name} failed {self.crash_limit} times within '
+                f'{self.crash_window:g} s (last exit code {proc.exitcode}); '
+                'it will not be restarted: stopping the run.', flush=True)
+          continue
         if now - self.started[name] >= self.stable:
           self.crashes[name] = 0
         delay = min(self.backoff[1],
@@ -114,12 +131,31 @@ class Children:
         self.start(name, target, config, *args, restart=restart,
                    stop_order=order)
 
+  def _crash_loop(self, name, now):
+    """Counts a crash; True once `crash_limit` fell within the window."""
+    times = self.crash_times[name]
+    times.append(now)
+    while times and times[0] < now - self.crash_window:
+      times.popleft()
+    return bool(self.crash_limit) and len(times) >= self.crash_limit
+
+  def failure_code(self):
+    """Non-zero once a child is in a crash loop (its exit code, or 1 for
+    a death by signal), else 0."""
+    if self.gave_up is None:
+      return 0
+    code = self.gave_up[1]
+    return code if code and code > 0 else 1
+
   def wait_for(self, name, stop):
     """Waits until child `name` exits 0 or `stop` is set; returns 0 then.
     While it crashes, it is restarted if it was started with `restart=True`
-    (the wait goes on); otherwise its exit code is returned."""
+    (the wait goes on); otherwise its exit code is returned. A crash loop of
+    any child ends the wait with `failure_code()`."""
     while not stop:
       self.supervise()
+      if self.gave_up is not None:
+        return self.failure_code()
       with self.lock:
         proc = self.procs[name]
       proc.join(0.2)

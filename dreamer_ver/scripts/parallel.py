@@ -44,7 +44,7 @@ def parallel(config):
   config = with_token(_with_ports(config))
   run = config.run
   stop = StopSignal()
-  children = Children()
+  children = _children(config)
   children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST)
   if not run.remote_replay:
     children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST)
@@ -61,14 +61,14 @@ def parallel_env(config):
 
 def parallel_envs(config):
   config = with_token(config)
-  children = Children()
+  children = _children(config)
   _start_env_workers(children, config, offset=config.run.envid_offset)
   stop = StopSignal()
-  while not stop:
+  while not stop and children.gave_up is None:
     children.supervise()
     stop.wait(0.5)
   children.stop_all()
-  return 0
+  return children.failure_code()
 
 
 def parallel_replay(config):
@@ -92,9 +92,14 @@ def parallel_learner(config):
 def _supervised(config, name, target):
   """One component of a split launch, restarted whenever it crashes."""
   stop = StopSignal()
-  children = Children()
+  children = _children(config)
   children.start(name, target, with_token(config))
   return _wait(children, name, stop)
+
+
+def _children(config):
+  return Children(crash_limit=config.run.crash_limit,
+                  crash_window=config.run.crash_window)
 
 
 def _wait(children, name, stop):

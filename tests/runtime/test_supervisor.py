@@ -150,3 +150,45 @@ def test_backoff_doubles_while_a_child_crashes_and_resets_once_it_ran_stably():
   # Three quick crashes: 1, 2, 4 s; a start that lived 100 s: back to 1 s.
   assert waits == [1.0, 2.0, 4.0, 1.0, 2.0]
   assert children.restarts['agent'] == 5
+
+
+def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever():
+  """A child failing `crash_limit` times within `crash_window` seconds (a
+  damaged checkpoint, a bad flag: it will always fail) is not restarted
+  again; waiting on the run returns non-zero at once. Crashes spread wider
+  than the window are restarted, however many."""
+  from dreamer_ver.runtime.supervisor import Children
+  now = [0.0]
+
+  class FakeChildren(Children):
+    def _spawn(self, name, target, config, args):
+      return _FakeProc()
+
+  def crash(children, name, code=1):
+    children.procs[name].die(code)
+    children.supervise()  # Seen: a restart is due (or not).
+    if name in children.due:
+      now[0] = children.due[name]
+      children.supervise()
+
+  spread = FakeChildren(backoff=(1.0, 1.0), clock=lambda: now[0],
+                        crash_limit=3, crash_window=60.0)
+  spread.start('replay', 'unused:target', None)
+  for _ in range(6):
+    now[0] += 40.0  # Two crashes per window at most.
+    crash(spread, 'replay')
+  assert spread.restarts['replay'] == 6 and spread.gave_up is None
+
+  loop = FakeChildren(backoff=(1.0, 1.0), clock=lambda: now[0],
+                      crash_limit=3, crash_window=60.0)
+  loop.start('replay', 'unused:target', None)
+  loop.start('agent', 'unused:target', None)
+  for _ in range(3):
+    now[0] += 5.0
+    crash(loop, 'replay', code=3)
+  assert loop.restarts['replay'] == 2  # The third crash is not restarted.
+  assert loop.gave_up == ('replay', 3)
+  assert not loop.procs['replay'].is_alive()
+  # Whatever the run waits for, it ends now, with the failure's exit code.
+  loop.procs['agent'].join = lambda timeout: None
+  assert loop.wait_for('agent', stop=False) == 3

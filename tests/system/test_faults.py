@@ -372,3 +372,27 @@ def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
   counters = _counters(logdir)
   assert counters['steps'] >= 400, counters
   assert counters['version'] > 2, counters
+
+
+def test_a_component_in_a_crash_loop_stops_its_run_with_a_failure(tmp_path):
+  """A damaged replay checkpoint fails every start of the replay server:
+  after run.crash_limit failures within run.crash_window the split launch
+  stops, exits non-zero and says why (it used to restart for ever)."""
+  from dreamer_ver.rpc.addresses import free_port
+  logdir = tmp_path / 'run'
+  (logdir / 'ckpt').mkdir(parents=True)
+  (logdir / 'ckpt' / 'replay.json').write_text('{"not json')
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, '-m', 'dreamer_ver.main', '--script',
+       'parallel_replay', '--configs', 'debug', '--logdir', str(logdir),
+       '--run.replay_addr', f'127.0.0.1:{free_port()}',
+       '--run.actor_addr', f'127.0.0.1:{free_port()}',
+       '--run.logger_addr', f'127.0.0.1:{free_port()}', '--run.crash_limit', '3',
+       '--run.crash_window', '120'],
+      cwd=ROOT, capture_output=True, text=True, timeout=180)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode not in (0, None), out[-2000:]
+  assert 'replay failed 3 times within 120 s' in out, out[-2000:]
+  assert out.count('JSONDecodeError') >= 3  # Each start's own error.
+  assert time.monotonic() - start < 150
