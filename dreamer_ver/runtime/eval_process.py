@@ -170,12 +170,20 @@ class _Evaluations:
       if self.envs is None:
         self.envs = self._build_envs()
       count = min(len(self.envs), episodes)
+      timeout = self.config.run.eval_timeout
       episodes_run, frames = run_episodes(
           self.agent, jax.device_put(params, self.device), self.envs[:count],
           episode_shares(episodes, count), mode, self.config.seed,
-          record=True, stop=self.stop)
+          duration=timeout, record=True, stop=self.stop)
       if self.stop.is_set():
         return None  # Shutting down: the episodes were cut short.
+      if len(episodes_run) < episodes:
+        self.close_envs()  # Mid-episode: the next evaluation starts afresh.
+        return {'error': (
+            f'the evaluation ran past run.eval_timeout ({timeout:g} s) with '
+            f'{len(episodes_run)} of {episodes} episodes finished; do the '
+            'eval envs end their episodes (a time limit)?'),
+            'version': version}
     except Exception as e:
       traceback.print_exc()
       self.close_envs()  # A failed env may be in any state: start afresh.

@@ -187,3 +187,22 @@ def test_callables_must_reach_the_worker_process(config):
     EvalWorker(config, name='x', init_fn='dreamer_ver.envs:no_such_thing')
   with pytest.raises(ValueError, match='name'):
     EvalWorker(config, name='../x')
+
+
+def endless_env(index):
+  """An env without a time limit (its episodes never end)."""
+  return make_env('synthetic_bandit', {'synthetic': {'length': 10 ** 9}},
+                  seed=200 + index)
+
+
+def test_an_evaluation_past_run_eval_timeout_is_an_error_result(config, agent):
+  worker = EvalWorker(config.update({'run.eval_timeout': 2.0}),
+                      name='endless', env_maker=endless_env)
+  try:
+    worker.submit(cue_params(agent, True), 1, episodes=2)
+    result = worker.poll(timeout=120)
+    assert result['version'] == 1
+    assert 'run.eval_timeout' in result['error'], result
+    assert '0 of 2 episodes' in result['error'], result
+  finally:
+    worker.shutdown()
