@@ -17,6 +17,7 @@ import numpy as np
 import portal
 from portal import packlib
 
+from . import wire
 from .addresses import bind_host, split_addr
 
 
@@ -40,9 +41,7 @@ def parse_call(msg):
     if 16 + size > len(msg):
       raise ValueError('method name exceeds message')
     name = bytes(msg[16:16 + size]).decode('utf-8')
-    payload = msg[16 + size:]
-    _check_header(payload)
-    args = packlib.unpack(payload)
+    args = wire.unpack(msg[16 + size:])
   except Exception:
     raise BadCall(reqnum, 2, 'Could not decode message') from None
   return reqnum, name, args
@@ -152,14 +151,6 @@ class ServerSocket(portal.ServerSocket):
 
 def _status(code):
   return code.to_bytes(8, 'little')
-
-
-def _check_header(payload):
-  """packlib.unpack trusts its buffer count; garbage could make it allocate
-  gigabytes, so check the count fits the payload first."""
-  count = int.from_bytes(bytes(payload[:8]), 'little')
-  if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
-    raise ValueError('bad packlib header')
 
 
 def _contiguous(value):

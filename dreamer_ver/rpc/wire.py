@@ -11,6 +11,7 @@ this, so clients built on these functions need no change on the server side.
 import select
 import socket
 
+import msgpack
 import numpy as np
 from portal import packlib
 
@@ -117,7 +118,31 @@ def reply(frame):
   status = int.from_bytes(frame[8:16], 'little')
   if status:
     raise RuntimeError(bytes(frame[16:]).decode('utf-8', 'replace'))
-  return reqnum, packlib.unpack(frame[16:])
+  return reqnum, unpack(frame[16:])
+
+
+PLAIN_LEAVES = ('none', 'utf8', 'bytes', 'array')
+
+
+def unpack(payload):
+  """packlib.unpack for bytes from a peer: checks first that the buffer
+  count fits the payload (garbage could make packlib allocate gigabytes)
+  and that every leaf carries its bytes. A 'sharray' leaf would make
+  packlib map the shared-memory segment it names, of any size; our peers
+  never send one, so it raises ValueError, as does a malformed header."""
+  count = int.from_bytes(bytes(payload[:8]), 'little')
+  if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
+    raise ValueError('bad packlib header')
+  sizes = np.frombuffer(payload[8:8 + 8 * count], '<u8')
+  start = 8 + 8 * count + int(sizes[0])
+  if start + int(sizes[1]) > len(payload):
+    raise ValueError('bad packlib header')
+  specs = msgpack.unpackb(bytes(payload[start:start + int(sizes[1])]))
+  if not isinstance(specs, list) or any(
+      not isinstance(spec, list) or not spec or spec[0] not in PLAIN_LEAVES
+      for spec in specs):
+    raise ValueError('shared-memory or unknown leaves are not accepted')
+  return packlib.unpack(payload)
 
 
 def reqnum_of(frame):

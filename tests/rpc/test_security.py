@@ -184,3 +184,38 @@ def test_oversized_frame_is_refused_before_buffering(tmp_path):
   finally:
     good.close()
     server.close()
+
+
+def _sharray_payload(name='dreamer_ver_test_segment', shape=(1 << 40,)):
+  """portal's packing of {'x': <a shared-memory array>}: the spec names a
+  segment (any size the sender likes) instead of carrying bytes."""
+  import msgpack
+  from portal import packlib
+  leaves, treedef = packlib.tree_flatten({'x': 0})
+  specs = [['sharray', name, list(shape), '<f4']]
+  buffers = [msgpack.packb(treedef), msgpack.packb(specs), b'\x00']
+  header = [len(buffers).to_bytes(8, 'little'),
+            b''.join(len(b).to_bytes(8, 'little') for b in buffers)]
+  return b''.join(header + buffers)
+
+
+def test_shared_memory_leaves_are_refused_by_servers_and_clients(monkeypatch):
+  # Unpacking a 'sharray' leaf maps the segment it names, of any size:
+  # a peer could make a server (or a client, with a reply) map terabytes.
+  from portal import packlib
+  from dreamer_ver.rpc import wire
+  from dreamer_ver.rpc.server_socket import BadCall, parse_call
+  attached = []
+  monkeypatch.setattr(packlib.sharray, 'SharedArray',
+                      lambda *a: attached.append(a))
+  call = (7).to_bytes(8, 'little') + (3).to_bytes(8, 'little') + b'act'
+  with pytest.raises(BadCall):
+    parse_call(call + _sharray_payload())
+  reply = (7).to_bytes(8, 'little') + (0).to_bytes(8, 'little')
+  with pytest.raises(ValueError, match='shared-memory'):
+    wire.reply(reply + _sharray_payload())
+  assert attached == []
+  # Plain arrays still unpack.
+  packed = b''.join(bytes(memoryview(b).cast('B'))
+                    for b in packlib.pack({'x': np.arange(3)}))
+  assert wire.reply(reply + packed)[1]['x'].tolist() == [0, 1, 2]
