@@ -60,6 +60,11 @@ _SLOT = struct.Struct('<I')
 _SEALS = getattr(fcntl, 'F_SEAL_SHRINK', 0) | getattr(
     fcntl, 'F_SEAL_GROW', 0) | getattr(fcntl, 'F_SEAL_SEAL', 0)  # Linux
 _ALIGN = 64
+# A connection's slots are memory the server maps for it: a slot holds at
+# most MAX_ROWS env rows (one env process's envs; the per-row byte limit
+# scales with them), and a connection maps at most MAX_SLOTS slots.
+MAX_ROWS = 1024
+MAX_SLOTS = 64
 _DTYPE_KINDS = 'biuf'  # bool, signed and unsigned ints, floats
 
 
@@ -216,6 +221,8 @@ class ShmTransport:
       return 'a slot needs one memory file descriptor'
     if index in peer.slots:
       return f'slot {index} exists'
+    if len(peer.slots) >= MAX_SLOTS:
+      return f'a connection may map at most {MAX_SLOTS} slots'
     try:
       spec = json.loads(spec)
       method = spec['method']
@@ -226,10 +233,12 @@ class ShmTransport:
       return f'Unknown method {method}'
     rows = max([1] + [shape[0] for key, shape, _ in request
                       if key == self.envid_key and len(shape) == 1])
-    request_bytes = _nbytes(request)
-    if request_bytes > self.max_bytes * rows:
-      return (f'a call of {request_bytes} bytes exceeds the limit of '
-              f'{self.max_bytes} per row')
+    if rows > MAX_ROWS:
+      return f'a slot of {rows} rows exceeds the limit of {MAX_ROWS}'
+    for part, layout in (('call', request), ('reply', reply)):
+      if _nbytes(layout) > self.max_bytes * rows:
+        return (f'a {part} of {_nbytes(layout)} bytes exceeds the limit of '
+                f'{self.max_bytes} per row')
     size = _nbytes(request + reply)
     try:
       if fcntl.fcntl(fds[0], fcntl.F_GET_SEALS) & _SEALS != _SEALS:

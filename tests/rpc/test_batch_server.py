@@ -534,8 +534,9 @@ def test_a_crashed_worker_loop_errors_every_queued_and_later_caller(transport):
     with connected(addr, 3, server=server) as clients:
       first = [c.act({'x': np.array([i]), 'envid': np.int64(i)})
                for i, c in enumerate(clients[:2])]
-      wait_until(lambda: cutoff.crashed)
-      assert isinstance(server.error, ZeroDivisionError)
+      # The loop's death is handled once `error` is set (after the raise).
+      wait_until(lambda: server.error is not None)
+      assert cutoff.crashed and isinstance(server.error, ZeroDivisionError)
       for future in first:
         with pytest.raises(Exception, match='a bug in the cutoff|Disconn'):
           result(future)

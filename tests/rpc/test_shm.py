@@ -146,7 +146,7 @@ def raw(addr, handshake=b'portal_handshake'):
   return sock
 
 
-def attach(sock, layout, sealed=True, size=4096, method='act'):
+def attach(sock, layout, sealed=True, size=4096, method='act', index=0):
   fd = os.memfd_create('test', os.MFD_ALLOW_SEALING)
   try:
     os.ftruncate(fd, size)
@@ -154,7 +154,7 @@ def attach(sock, layout, sealed=True, size=4096, method='act'):
       import fcntl
       fcntl.fcntl(fd, fcntl.F_ADD_SEALS, shm._SEALS)
     spec = json.dumps({'method': method, **layout}).encode()
-    socket.send_fds(sock, [b'S' + shm._SLOT.pack(0) + spec], [fd])
+    socket.send_fds(sock, [b'S' + shm._SLOT.pack(index) + spec], [fd])
     return sock.recv(4096), mmap.mmap(fd, size)
   finally:
     os.close(fd)
@@ -181,6 +181,28 @@ def test_bad_slots_are_refused_with_a_reason(case, answer):
       assert got == b'A' + shm._SLOT.pack(0)
     assert server.error is None
     assert server.stats()['errors'] == 1
+
+
+def test_a_slot_of_more_rows_than_the_cap_is_refused():
+  # The per-row byte limit scales with the rows a client declares: without
+  # a cap, one slot could be any size (the memory is sparse until used).
+  rows = shm.MAX_ROWS + 1
+  layout = {'request': [['x', [rows, 2], '<i8'], ['envid', [rows], '<i8']],
+            'reply': [['y', [rows, 2], '<i8']]}
+  with serving(Recorder()) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      got, _ = attach(sock, layout, size=64 * rows)
+      assert got[:1] == b'E' and b'rows' in got, got
+
+
+def test_a_connection_may_map_only_so_many_slots():
+  with serving(Recorder()) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      for index in range(shm.MAX_SLOTS):
+        got, _ = attach(sock, LAYOUT, index=index)
+        assert got == b'A' + shm._SLOT.pack(index)
+      got, _ = attach(sock, LAYOUT, index=shm.MAX_SLOTS)
+      assert got[:1] == b'E' and b'slots' in got, got
 
 
 def test_a_second_call_in_a_busy_slot_and_garbage_cost_only_the_caller():
