@@ -40,8 +40,15 @@ class Server:
     self._lock = threading.Lock()
     self._running = False
     self._closed = False
+    self._failed = None  # The receive loop's exception; serving stopped.
     self._receiver = threading.Thread(
-        target=self._receive, name=f'{name}Recv', daemon=True)
+        target=self._guard, name=f'{name}Recv', daemon=True)
+
+  @property
+  def error(self):
+    """Why serving stopped (the socket's thread or the receive loop died),
+    else None. The owner must end its process then: it serves no one."""
+    return self._failed or self.socket.error
 
   def bind(self, method, function, workers=None):
     """Serves `method` with `function`, on a pool of its own with `workers`
@@ -85,6 +92,12 @@ class Server:
         'requests': counts['requests'], 'replies': counts['replies'],
         'errors': counts['errors'],
         'pending': sum(pool.pending for pool in self.pools)}
+
+  def _guard(self):
+    try:
+      self._receive()
+    except Exception as e:
+      self._failed = e
 
   def _receive(self):
     while self._running:

@@ -12,6 +12,7 @@ length, method name, portal's packed args); a reply is (request number,
 
 import hmac
 import socket as socketlib
+import time
 
 import numpy as np
 import portal
@@ -73,7 +74,18 @@ class ServerSocket(portal.ServerSocket):
   much of a guess was right; and its log line quotes both handshakes.
   Accepted connections get TCP_NODELAY, so small replies are not
   held back by Nagle's algorithm.
+
+  Connections that never finish their handshake cost a file descriptor
+  each; upstream keeps them for ever, and once descriptors run out its
+  accept() raises EMFILE and ends the socket thread for everyone. Here a
+  connection gets HANDSHAKE_SECONDS to present the token, at most
+  MAX_HANDSHAKING wait at a time (the oldest is closed for a newcomer),
+  and a failed accept() closes the oldest waiting connection, or else
+  pauses accepting briefly, instead of ending the thread.
   """
+
+  HANDSHAKE_SECONDS = 10.0
+  MAX_HANDSHAKING = 64
 
   def __init__(self, addr, name, nodelay=True, **kwargs):
     """Listens on the port of `addr` ('host:port'), on the interface its
@@ -83,6 +95,33 @@ class ServerSocket(portal.ServerSocket):
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
     super().__init__(port, name, host=host, ipv6=':' in host, **kwargs)
+
+  def _accept(self, sock):
+    now = time.monotonic()
+    waiting = sorted((c for c in self.conns.values() if self._handshaking(c)),
+                     key=lambda c: c.opened)
+    for conn in waiting:
+      if (now - conn.opened > self.HANDSHAKE_SECONDS
+          or len(waiting) >= self.MAX_HANDSHAKING):
+        waiting = waiting[1:]
+        self._drop(conn, TimeoutError('no handshake in time'))
+    try:
+      super()._accept(sock)
+    except OSError as e:  # EMFILE, ENFILE, ECONNABORTED, ...
+      if waiting:
+        self._drop(waiting[0], TimeoutError('room for a new connection'))
+      else:
+        now = time.monotonic()
+        if now - getattr(self, '_accept_failed', 0.0) > 60:
+          self._log(f'accept failed ({e}); pausing new connections')
+        self._accept_failed = now
+        time.sleep(0.05)  # The listener stays readable: do not spin.
+      return
+    conn = next(reversed(self.conns.values()))
+    conn.opened = time.monotonic()
+
+  def _handshaking(self, conn):
+    return len(conn.handshake) < len(self.handshake)
 
   def send_reply(self, addr, reqnum, value):
     """Sends a method's result; False if the caller got an error instead

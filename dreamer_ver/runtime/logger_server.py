@@ -402,7 +402,8 @@ def serve_logger(config, stop=None):
 
   try:
     run_periodically(stop, [(config.run.log_every, log),
-                            (config.run.save_every, service.save)])
+                            (config.run.save_every, service.save)],
+                     servers=[server])
   finally:
     server.close(timeout=5)
     service.write()

@@ -152,12 +152,18 @@ def every(seconds):
   return elements.when.Clock(seconds if seconds > 0 else -1)
 
 
-def run_periodically(stop, tasks, poll=0.5):
+def run_periodically(stop, tasks, poll=0.5, servers=()):
   """A server process's main loop: calls each `fn` of `tasks`, a list of
   (seconds, fn), every that many seconds (never when <= 0) until `stop` is
-  set, checking twice a second."""
+  set, checking twice a second. Raises RuntimeError once one of `servers`
+  (rpc Servers) stopped serving, so that the process ends non-zero and its
+  supervisor restarts it, instead of living on and serving no one."""
   last = [time.monotonic()] * len(tasks)
   while not stop.wait(poll):
+    for server in servers:
+      if server.error is not None:
+        raise RuntimeError(
+            f'{server.name} stopped serving: {server.error!r}')
     now = time.monotonic()
     for i, (seconds, fn) in enumerate(tasks):
       if seconds > 0 and now - last[i] >= seconds:

@@ -476,7 +476,7 @@ def serve_replay(config, stop=None):
 
   try:
     run_periodically(stop, [(config.run.save_every, save),
-                            (config.run.log_every, log)])
+                            (config.run.log_every, log)], servers=[server])
   finally:
     print('[replay] stopping: saving', flush=True)
     service.interrupt()

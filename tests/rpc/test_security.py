@@ -219,3 +219,50 @@ def test_shared_memory_leaves_are_refused_by_servers_and_clients(monkeypatch):
   packed = b''.join(bytes(memoryview(b).cast('B'))
                     for b in packlib.pack({'x': np.arange(3)}))
   assert wire.reply(reply + packed)[1]['x'].tolist() == [0, 1, 2]
+
+
+FLOODED_SERVER = '''
+import resource, sys, time
+import numpy as np
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+from dreamer_ver.rpc.server import Server
+server = Server(sys.argv[1], 'Flooded', handshake=sys.argv[2], logging=False)
+server.bind('echo', lambda x: {'x': np.asarray(x) + 1})
+server.start()
+print('ready', flush=True)
+sys.stdin.readline()
+print('error', repr(server.error), flush=True)
+'''
+
+
+def test_connections_that_never_handshake_cannot_starve_a_server():
+  # 200 connections that never send the token, against a server that may
+  # open 128 files: it must keep serving a client that does present it.
+  import subprocess
+  import sys
+  addr, token = f'127.0.0.1:{free_port()}', handshake('flood-test-token')
+  proc = subprocess.Popen(
+      [sys.executable, '-c', FLOODED_SERVER, addr, token],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  silent = []
+  try:
+    assert proc.stdout.readline().strip() == 'ready'
+    for _ in range(200):
+      try:
+        silent.append(socket.create_connection(('127.0.0.1', int(
+            addr.split(':')[1])), timeout=5))
+      except OSError:
+        pass  # The backlog may refuse some: it is their loss only.
+    client = Client(addr, 'Honest', handshake=token)
+    try:
+      assert client.echo(np.int64(41)).result(timeout=20)['x'] == 42
+    finally:
+      client.close(timeout=1)
+    proc.stdin.write('\n')
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == 'error None'
+  finally:
+    for sock in silent:
+      sock.close()
+    proc.kill()
+    proc.wait()

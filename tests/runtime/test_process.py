@@ -82,3 +82,17 @@ def test_a_token_file_others_can_read_gets_a_warning(tmp_path, monkeypatch,
   assert with_token(config).run.token == 'abc123'
   err = capsys.readouterr().err
   assert 'token' in err and 'chmod 600' in err and 'abc123' not in err
+
+
+def test_a_server_that_stopped_serving_ends_the_main_loop_with_an_error():
+  import types
+  server = types.SimpleNamespace(name='Replay', error=None)
+  stop = StopSignal(install=False)
+  threading.Timer(0.2, lambda: setattr(
+      server, 'error', OSError(24, 'Too many open files'))).start()
+  threading.Timer(5.0, stop.set).start()  # Only if it never raises.
+  start = time.monotonic()
+  with pytest.raises(RuntimeError, match='Replay stopped serving.*open files'):
+    run_periodically(stop, [], poll=0.01, servers=[server])
+  assert time.monotonic() - start < 2.0
+  stop.set()
