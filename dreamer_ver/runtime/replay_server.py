@@ -113,6 +113,7 @@ class ReplayService:
     self.shipments = StoredShipments()
     self.poll = poll
     self._closing = threading.Event()
+    self._closed = False
     self._cond = threading.Condition()  # Wakes waiters on insert/sample/close.
     self._waits = {kind: [0.0, 0, 0] for kind in ('insert', 'sample')}
     self._waits_lock = threading.Lock()
@@ -129,7 +130,9 @@ class ReplayService:
     batch raises ValueError and changes nothing. The stored rows are in the
     write-ahead log before it returns. Calls are serialized (the server runs
     one worker per method). A resent shipment stores only the rows it did
-    not store before (none, unless it was cut short). Returns {}.
+    not store before (none, unless it was cut short). Returns {} once every
+    row is stored: a stop that cuts the limiter's wait short stores the
+    rest without it, as the caller will not send them again.
     """
     self.activity += 1
     envid, is_eval, data = self._check_batch(trans)
@@ -143,8 +146,10 @@ class ReplayService:
         # limiter's fill tolerance would block before any sequence exists.
         counts = not is_eval[index] and self.train.completes_item(
             int(envid[index]))
-        if counts and not self._wait('insert', self.limiter.want_insert):
-          break  # Closing: the rest of the batch is not stored.
+        if counts and not self._closing.is_set():
+          self._wait('insert', self.limiter.want_insert)  # False: closing.
+        if self._closed:
+          raise Closing('replay closed before the batch was stored')
         self._store(unlogged, index, counts)
     finally:
       with self._log_lock:
@@ -431,7 +436,9 @@ class ReplayService:
     self._notify()
 
   def close(self):
-    """Stops waits, finishes pending file writes."""
+    """Stops waits, finishes pending file writes; a batch still being
+    stored stops and fails (it is not acknowledged)."""
+    self._closed = True
     self.interrupt()
     with self._log_lock:
       self.wal.close()

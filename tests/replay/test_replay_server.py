@@ -189,11 +189,12 @@ def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
     assert stats['limiter/insert_wait_count'] >= 1
     assert 0 < stats['limiter/insert_wait_frac'] < 1
   finally:
-    service.close()  # Releases the blocked add_batch.
+    service.interrupt()  # A stop releases the blocked add_batch.
   thread.join(timeout=5)
   assert done.is_set()
   with pytest.raises(Closing):
     service.sample_batch_train(timeout=1)
+  service.close()
 
 
 def test_many_envs_never_block_before_their_first_sequence(tmp_path):
@@ -469,3 +470,29 @@ def test_server_survives_a_missing_logger(tmp_path):
     stop.set()
     thread.join(timeout=10)
   assert result == [0]
+
+
+def test_a_batch_blocked_in_the_limiter_at_a_stop_is_stored_before_its_reply(
+    tmp_path):
+  """A stop releases add_batch from the limiter's wait; the rows it took
+  are stored (and saved) before it replies, since a reply means stored:
+  the caller never sends them again."""
+  config = make_config(tmp_path, **{'run.train_ratio': 4.0})
+  service = ReplayService(config)
+  rows = trans([0] * 40, range(40))
+  replies = []
+  thread = threading.Thread(
+      target=lambda: replies.append(service.add_batch(rows)), daemon=True)
+  thread.start()
+  assert wait_until(lambda: service.limiter.size == 23, 5)  # Blocked.
+  service.interrupt()  # What a graceful stop does first.
+  thread.join(timeout=5)
+  assert replies == [{}]
+  service.save()
+  service.close()
+  again = ReplayService(config)
+  try:
+    again.load()
+    assert again.stats()['replay/items'] == 40 - (T + C - 1)
+  finally:
+    again.close()

@@ -26,7 +26,7 @@ from dreamer_ver.replay import wal as wallib
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.runtime import replay_server
-from dreamer_ver.runtime.replay_server import ReplayService
+from dreamer_ver.runtime.replay_server import Closing, ReplayService
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
 TRAIN_ENVS, EVAL_ENV = (0, 1, 2), 9
@@ -458,13 +458,22 @@ def test_a_batch_cut_short_by_a_kill_stores_the_rest_when_resent(tmp_path):
   service = ReplayService(config)
   ship = Shipments(service.add_batch)
   train, _ = fill(ship, 9)  # 15 sequences: the 17th insert waits.
-  adder = threading.Thread(target=ship, args=(trans(TRAIN_ENVS, [9] * 3),))
+  failed = []
+
+  def add():
+    try:
+      ship(trans(TRAIN_ENVS, [9] * 3))
+    except Closing as e:  # No reply but an error: nothing acknowledged.
+      failed.append(e)
+
+  adder = threading.Thread(target=add)
   adder.start()
   assert wait_until(lambda: service.limiter.size == 16)
   time.sleep(0.2)  # Row 1 waits for the learner.
   service.save()
   service.close()  # Killed: the adder gives up without storing row 1.
   adder.join(5)
+  assert len(failed) == 1
   seq = len(ship.sent) - 1
   ckpt = json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())
   assert ckpt['shipments'] == {'7': [seq, 1]}
