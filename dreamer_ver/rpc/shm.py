@@ -8,8 +8,12 @@ of the slot to the batch, writes the reply arrays into the same slot and
 answers with a 17-byte message. Habitat VER's transfer buffers and TorchRL's
 slot transport work the same way.
 
-Messages go over a Unix SOCK_SEQPACKET connection to the abstract socket
-named after the port of the server's TCP address (`endpoint`):
+Messages go over a Unix SOCK_SEQPACKET connection to a socket file named
+after the port of the server's TCP address (`endpoint`), in a folder only
+this user may enter (mode 0700, checked on both sides): another local user
+can neither bind it first nor connect, and a client also checks that the
+server runs as its own user before it sends the token. (An abstract socket
+name, which anyone may bind, would hand the token to a squatter.)
 
   H handshake                    client hello: the run token, as over TCP;
                                  answered A, or the connection is closed
@@ -37,6 +41,7 @@ memory goes with the last view of it.
 Linux only (memfd, abstract sockets).
 """
 
+import errno
 import fcntl
 import hmac
 import itertools
@@ -45,7 +50,9 @@ import mmap
 import os
 import selectors
 import socket
+import stat
 import struct
+import tempfile
 import threading
 
 import numpy as np
@@ -69,9 +76,54 @@ _DTYPE_KINDS = 'biuf'  # bool, signed and unsigned ints, floats
 
 
 def endpoint(addr):
-  """The abstract socket of the server whose TCP address is `addr`."""
+  """The socket file of the server whose TCP address is `addr`."""
   _, port = split_addr(addr)
-  return f'\0dreamer_ver-batch-{port}'
+  return os.path.join(socket_folder(), f'batch-{port}.sock')
+
+
+def socket_folder():
+  """This user's folder of sockets in the temporary folder (the same for
+  the server and its env processes, however they were started): made with
+  mode 0700; PermissionError if it exists otherwise (a folder someone else
+  made, or others may enter)."""
+  folder = os.path.join(tempfile.gettempdir(), f'dreamer_ver-{os.getuid()}')
+  try:
+    os.mkdir(folder, 0o700)
+  except FileExistsError:
+    pass
+  info = os.lstat(folder)
+  if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+      or info.st_mode & 0o077):
+    raise PermissionError(
+        f'{folder} must be a folder of this user with mode 0700; remove it '
+        'or chmod 700 it')
+  return folder
+
+
+def _bind(sock, path):
+  """Binds `path`, replacing the file a killed server left behind (nobody
+  listens on it); OSError if a live server holds it."""
+  try:
+    sock.bind(path)
+  except OSError as e:
+    if e.errno != errno.EADDRINUSE:
+      raise
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+      probe.connect(path)
+      raise  # Someone serves there.
+    except ConnectionRefusedError:
+      os.unlink(path)
+      sock.bind(path)
+    finally:
+      probe.close()
+
+
+def _same_user(sock):
+  """Whether the peer of a Unix socket runs as this user."""
+  creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                          struct.calcsize('3i'))
+  return struct.unpack('3i', creds)[1] == os.getuid()
 
 
 def available():
@@ -97,7 +149,8 @@ class ShmTransport:
     self._ids = itertools.count()
     self._selector = selectors.DefaultSelector()
     self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self._listener.bind(endpoint(addr))
+    self._path = endpoint(addr)
+    _bind(self._listener, self._path)
     self._listener.listen(128)
     self._listener.setblocking(False)
     self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -139,6 +192,10 @@ class ShmTransport:
         self._selector.unregister(self._listener)
         self._listener.close()
         self._listener = None
+        try:
+          os.unlink(self._path)
+        except FileNotFoundError:
+          pass
 
   def close(self, timeout):
     del timeout
@@ -317,12 +374,14 @@ class ShmClient:
     # Not `stop or Event()`: a StopSignal is falsy until it is set.
     stop = threading.Event() if stop is None else stop
     self.close()
-    refusals = Refusals(self.endpoint[1:], retry)
+    refusals = Refusals(self.endpoint, retry)
     while not stop.is_set():
       sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
       try:
         sock.settimeout(5.0)
         sock.connect(self.endpoint)
+        if not _same_user(sock):
+          raise PermissionError(f'{self.endpoint} is served by another user')
         sock.send(b'H' + self.handshake)
         if sock.recv(16) == b'A':
           self.sock = sock

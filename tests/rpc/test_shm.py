@@ -251,3 +251,44 @@ def test_env_processes_use_shm_only_for_an_actor_on_loopback():
   assert not uses_shm(Run(actor_transport='auto', actor_addr='10.0.0.7:5000'))
   assert not uses_shm(Run(actor_transport='tcp', actor_addr='localhost:5000'))
   assert uses_shm(Run(actor_transport='shm', actor_addr='10.0.0.7:5000'))
+
+
+def test_the_socket_is_a_path_only_this_user_can_reach_and_goes_with_its_server():
+  # An abstract socket name can be bound by any local user first: that
+  # squatter would receive the token of every env client.
+  with serving(Recorder()) as (server, addr):
+    path = shm.endpoint(addr)
+    folder = os.path.dirname(path)
+    info = os.stat(folder)
+    assert path.startswith('/') and os.path.exists(path)
+    assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
+    c, ok = client(addr)
+    assert ok
+    c.close()
+  assert not os.path.exists(path)
+
+
+def test_a_socket_folder_others_can_enter_is_refused(tmp_path, monkeypatch):
+  import tempfile
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+  folder = tmp_path / f'dreamer_ver-{os.getuid()}'
+  folder.mkdir(mode=0o777)
+  folder.chmod(0o777)
+  with pytest.raises(PermissionError, match='0700'):
+    shm.endpoint('127.0.0.1:1234')
+
+
+def test_a_stale_socket_file_of_a_killed_server_does_not_block_the_next():
+  addr = f'127.0.0.1:{free_port()}'
+  stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  stale.bind(shm.endpoint(addr))  # Left behind: nobody listens on it.
+  stale.close()
+  server = BatchServer(addr, Recorder(), preemption.Fixed(1),
+                       transports=('shm',)).start()
+  try:
+    c, ok = client(addr)
+    assert ok
+    np.testing.assert_array_equal(call(c, [1, 2], 3)['y'], [2, 4])
+    c.close()
+  finally:
+    server.close(timeout=TIMEOUT)
