@@ -1,0 +1,139 @@
+"""Fuzzing every server's input path with hypothesis: random and mutated
+frames on the TCP wire, random slot layouts on the shm transport.
+
+Property: a bad input gets an error reply or a closed connection, never a
+dead server loop, and a well-behaved client is served all along. The
+examples are derived from the test's name (`derandomize`), so every run
+tries the same ones, and their number is bounded to keep the fast tier
+fast.
+"""
+
+import contextlib
+import json
+import socket
+import time
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from portal import packlib
+
+from dreamer_ver.rpc import wire
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.client import Client
+from dreamer_ver.rpc.server import Server
+from dreamer_ver.rpc.server_socket import BadCall, parse_call
+from test_shm import LAYOUT, Recorder, attach, raw, serving
+
+FUZZ = settings(derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+def packed(value):
+  return b''.join(bytes(memoryview(b).cast('B')) for b in packlib.pack(value))
+
+
+def call_frame(reqnum, method, payload):
+  name = method.encode()
+  return (reqnum.to_bytes(8, 'little') + len(name).to_bytes(8, 'little')
+          + name + payload)
+
+
+GOOD = call_frame(1, 'echo', packed([{'x': np.arange(4, dtype=np.int64)}]))
+
+
+@st.composite
+def mutated(draw, frame=GOOD):
+  """`frame` with some bytes replaced, cut short or extended."""
+  data = bytearray(frame)
+  for _ in range(draw(st.integers(1, 8))):
+    index = draw(st.integers(0, len(data) - 1))
+    data[index] = draw(st.integers(0, 255))
+  cut = draw(st.integers(0, len(data)))
+  return bytes(data[:cut]) + draw(st.binary(max_size=16))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=256), mutated()))
+def test_any_bytes_are_a_call_or_a_bad_call(msg):
+  try:
+    reqnum, method, args = parse_call(msg)
+  except BadCall as e:
+    assert e.status in (1, 2) and len(e.reqnum) == 8
+  else:
+    assert isinstance(method, str) and isinstance(args, (list, dict))
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=256), mutated(packed({'y': np.ones(3)}))))
+def test_a_client_unpacks_a_reply_or_raises_a_plain_error(payload):
+  reply = (5).to_bytes(8, 'little') + (0).to_bytes(8, 'little') + payload
+  try:
+    wire.reply(reply)
+  except Exception as e:  # Any error of the call's future, not a crash.
+    assert not isinstance(e, (SystemExit, KeyboardInterrupt))
+
+
+@contextlib.contextmanager
+def echo_server():
+  addr = f'127.0.0.1:{free_port()}'
+  server = Server(addr, 'Fuzzed', logging=False)
+  server.bind('echo', lambda data: {'x': data['x'] + 1})
+  server.start()
+  client = Client(addr, 'Honest')
+  try:
+    yield server, addr, client
+  finally:
+    client.close(timeout=1)
+    server.close(timeout=1)
+
+
+def served(client):
+  x = np.arange(3, dtype=np.int64)
+  return (client.echo({'x': x}).result(timeout=10)['x'] == x + 1).all()
+
+
+@settings(FUZZ, max_examples=40)
+@given(frames=st.lists(st.one_of(
+    mutated().map(lambda m: len(m).to_bytes(8, 'little') + m),  # framed
+    st.binary(min_size=1, max_size=64)), min_size=1, max_size=4))
+def test_a_tcp_server_survives_any_frames_and_serves_the_others(frames):
+  with echo_server() as (server, addr, client):
+    host, port = addr.split(':')
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+      sock.sendall(b'portal_handshake')
+      for frame in frames:
+        try:
+          sock.sendall(frame)
+        except OSError:
+          break  # The server closed this connection: its only loss.
+      assert served(client)
+    assert server.error is None
+    # Memory stays bounded: the closed connection is let go.
+    deadline = time.monotonic() + 10
+    while len(server.socket.conns) > 1 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert len(server.socket.conns) <= 1
+
+
+LEAF = st.tuples(st.sampled_from(['x', 'envid', 'y', '']),
+                 st.lists(st.integers(-2, 1 << 20), max_size=3),
+                 st.sampled_from(['<i8', '<f4', '|O', 'xx', '<u1']))
+
+
+@settings(FUZZ, max_examples=40)
+@given(request=st.lists(LEAF, max_size=3), reply=st.lists(LEAF, max_size=2),
+       garbage=st.one_of(st.none(), st.binary(max_size=32)))
+def test_an_shm_server_answers_any_slot_layout_and_serves_the_others(
+    request, reply, garbage):
+  with serving(Recorder()) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      layout = {'request': [list(leaf) for leaf in request],
+                'reply': [list(leaf) for leaf in reply]}
+      if garbage is not None:  # Not even JSON.
+        layout = {'request': garbage.hex(), 'reply': json.dumps(garbage.hex())}
+      got, _ = attach(sock, layout, size=1 << 16)
+      assert got[:1] in (b'A', b'E'), got
+      got, _ = attach(sock, LAYOUT, index=1)  # Still usable.
+      assert got[:1] == b'A', got
+    assert server.error is None
