@@ -20,7 +20,7 @@ from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.runtime import process
 from dreamer_ver.runtime.eval_worker import (
-    MODES, remove_record, resolve, record_path)
+    MODES, process_identity, record_path, remove_record, resolve)
 
 
 def serve(config, name, env_maker=None, init_fn=None, stop=None):
@@ -58,7 +58,8 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
       target=evaluations.run, name='Evaluation', daemon=True)
   thread.start()
   path = record_path(config.logdir, name)
-  write_json(path, {'name': name, 'addr': addr, 'pid': os.getpid()})
+  write_json(path, {'name': name, 'addr': addr, 'pid': os.getpid(),
+                    'identity': process_identity(os.getpid())})
   try:
     # An owner killed outright cannot shut the worker down: it goes too.
     while not stop.wait(0.5) and parent in (None, os.getppid()):

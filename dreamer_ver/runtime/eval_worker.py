@@ -440,11 +440,29 @@ def remove_record(path, pid):
     pass
 
 
-def _clear_stale_record(path):
-  """Refuses a name that a live worker holds; forgets a dead one's file."""
+def process_identity(pid):
+  """[boot id, start time in clock ticks] of process `pid`: no other
+  process shares it, not even a later one with the same pid (after a
+  restart of the machine or container). None where /proc cannot tell."""
   try:
-    pid = json.loads(path.read_text())['pid']
+    stat = Path(f'/proc/{pid}/stat').read_text()
+    boot = Path('/proc/sys/kernel/random/boot_id').read_text().strip()
+  except OSError:
+    return None
+  return [boot, int(stat.rsplit(')', 1)[1].split()[19])]  # field 22
+
+
+def _clear_stale_record(path):
+  """Refuses a name that a live worker holds; forgets the file of a dead
+  one, or of one whose pid another process has now."""
+  try:
+    record = json.loads(path.read_text())
+    pid = record['pid']
   except (FileNotFoundError, ValueError, KeyError):
+    return
+  identity = record.get('identity')
+  if identity is not None and process_identity(pid) not in (None, identity):
+    path.unlink(missing_ok=True)
     return
   try:
     os.kill(pid, 0)

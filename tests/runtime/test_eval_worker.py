@@ -3,6 +3,7 @@ the cue score every step (the maximum, `LENGTH`), params that act against it
 score nothing, and each result comes back once, with its version. (Its
 process killed, on Ray, in a run: tests/system/test_evaluation.py.)"""
 
+import json
 import os
 
 import elements
@@ -206,3 +207,22 @@ def test_an_evaluation_past_run_eval_timeout_is_an_error_result(config, agent):
     assert '0 of 2 episodes' in result['error'], result
   finally:
     worker.shutdown()
+
+
+def test_a_record_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
+  # After a container restart, the recorded pid may be any live process:
+  # that must not block the name (and evaluation) for the whole run.
+  from dreamer_ver.runtime import eval_worker
+  path = record_path(str(tmp_path), 'main')
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps({'name': 'main', 'addr': '127.0.0.1:1',
+                              'pid': os.getpid(),
+                              'identity': ['an-earlier-boot', 12345]}))
+  eval_worker._clear_stale_record(path)
+  assert not path.exists()
+  # The live worker's own record (this process, its identity) is kept.
+  path.write_text(json.dumps({
+      'name': 'main', 'addr': '127.0.0.1:1', 'pid': os.getpid(),
+      'identity': eval_worker.process_identity(os.getpid())}))
+  with pytest.raises(RuntimeError, match='already runs'):
+    eval_worker._clear_stale_record(path)
