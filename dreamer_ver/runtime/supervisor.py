@@ -5,26 +5,68 @@ env processes never load JAX or the agent.
 """
 
 import collections
+import fcntl
 import importlib
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 
 SHUTDOWN_SECONDS = 15
+# Children that own files in the logdir: one of each per logdir at a time.
+OWNERS = ('replay', 'logger', 'agent')
+_held = []  # This process's role locks, held until it exits.
 
 
-def _call(name, target, config, *args):
-  """Child process entry: record the pid as `logdir/pids/<name>` (for
-  operators and fault tests), import `module:function`, exit with its code."""
+def _call(name, target, config, parent, *args):
+  """Child process entry: stop with the parent, own the logdir's role
+  (`lock_role`), record the pid as `logdir/pids/<name>` (for operators and
+  fault tests), import `module:function`, exit with its code."""
+  _watch_parent(parent)
+  if name in OWNERS:
+    _held.append(lock_role(config.logdir, name))
   pids = Path(config.logdir) / 'pids'
   pids.mkdir(parents=True, exist_ok=True)
   (pids / name).write_text(str(os.getpid()))
   module, function = target.split(':')
   fn = getattr(importlib.import_module(module), function)
   raise SystemExit(fn(config, *args) or 0)
+
+
+def _watch_parent(parent):
+  """Stops this process as SIGTERM does (it saves, then exits) once the
+  process `parent` is gone: a supervisor killed outright (SIGKILL, OOM)
+  leaves no orphans writing to the logdir."""
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+  threading.Thread(target=watch, name='ParentWatch', daemon=True).start()
+
+
+def lock_role(logdir, role):
+  """Takes `logdir/locks/<role>.lock` for the life of this process (an
+  flock: the kernel lets go when the process ends, however it ends) and
+  returns its descriptor. RuntimeError naming the holder if another
+  process has it: two replays (or loggers, or agents) would write the
+  same files."""
+  folder = Path(logdir) / 'locks'
+  folder.mkdir(parents=True, exist_ok=True)
+  fd = os.open(folder / f'{role}.lock', os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.read(fd, 256).decode('utf-8', 'replace').strip()
+    os.close(fd)
+    raise RuntimeError(
+        f'{logdir} already has a {role} ({holder or "another process"}); '
+        'stop it first') from None
+  os.ftruncate(fd, 0)
+  os.write(fd, f'pid {os.getpid()} on {socket.gethostname()}'.encode())
+  return fd
 
 
 class Children:
@@ -77,8 +119,8 @@ class Children:
 
   def _spawn(self, name, target, config, args):
     proc = self.context.Process(
-        target=_call, args=(name, target, config, *args), name=name,
-        daemon=False)
+        target=_call, args=(name, target, config, os.getpid(), *args),
+        name=name, daemon=False)
     proc.start()
     return proc
 

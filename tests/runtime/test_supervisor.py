@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT
 from helpers.processes import process_state
 sys.path.insert(0, str(ROOT / 'bench'))
@@ -192,3 +194,48 @@ def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever
   # Whatever the run waits for, it ends now, with the failure's exit code.
   loop.procs['agent'].join = lambda timeout: None
   assert loop.wait_for('agent', stop=False) == 3
+
+
+SUPERVISOR = '''
+import sys, time
+from types import SimpleNamespace
+sys.path[:0] = sys.argv[3:]
+from dreamer_ver.runtime.supervisor import Children
+children = Children()
+proc = children.start('replay', 'test_supervisor:_wait_for_stop',
+                      SimpleNamespace(logdir=sys.argv[1]), sys.argv[2])
+print(proc.pid, flush=True)
+time.sleep(600)
+'''
+
+
+def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(tmp_path):
+  """SIGKILL of a supervisor leaves no orphan: its child stops (gracefully,
+  as on SIGTERM) within seconds, and its role's lock on the logdir is free
+  for the next owner."""
+  import subprocess
+  from dreamer_ver.runtime.supervisor import lock_role
+  ready = tmp_path / 'ready'
+  here = str(Path(__file__).parent)
+  supervisor = subprocess.Popen(
+      [sys.executable, '-c', SUPERVISOR, str(tmp_path), str(ready), here,
+       str(ROOT / 'tests')], stdout=subprocess.PIPE, text=True)
+  try:
+    child = int(supervisor.stdout.readline())
+    assert _wait_for(ready.exists, 60, poll=0.1)
+    with pytest.raises(RuntimeError, match=f'replay.*pid {child}'):
+      lock_role(tmp_path, 'replay')  # The live child holds it.
+    supervisor.kill()
+    supervisor.wait()
+    assert _wait_for(lambda: not _alive(child), 10, poll=0.1), 'orphaned'
+    os.close(lock_role(tmp_path, 'replay'))
+  finally:
+    supervisor.kill()
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return process_state(pid) not in (None, 'Z')
