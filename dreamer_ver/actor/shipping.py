@@ -35,6 +35,8 @@ class Shipper:
     self.logger = logger
     self.sender = secrets.randbits(63)  # Positive as an int64.
     self.served = 0  # train env steps shipped (eval rows excluded)
+    self.stored = 0  # of those, the ones replay acknowledged
+    self._unanswered = set()  # add_batch futures replay has not answered
     self.errors = 0  # add_batch / tran calls that came back failed
     self._missed = {}  # envid -> its rows the logger has not received
     self._lock = threading.Lock()  # ship() runs on every worker thread
@@ -51,10 +53,29 @@ class Shipper:
       trans = {**trans, SHIPMENT: np.array(
           [self.sender, next(self._seqs)], np.int64)}
       if self.replay is not None:
-        self._watch(self._call(self.replay.add_batch, trans),
-                    'replay.add_batch')
+        future = self._call(self.replay.add_batch, trans)
+        self._count_stored(future, int((~trans['is_eval']).sum()))
+        self._watch(future, 'replay.add_batch')
       if self.logger is not None:
         self._ship_log(trans, logs)
+
+  def drain(self, timeout):
+    """Waits up to `timeout` seconds for replay's answers to every batch
+    shipped; True if none is left unanswered."""
+    with self._lock:
+      waiting = list(self._unanswered)
+    return not concurrent.futures.wait(waiting, timeout).not_done
+
+  def _count_stored(self, future, rows):
+    with self._lock:
+      self._unanswered.add(future)
+
+    def done(future):
+      with self._lock:
+        self._unanswered.discard(future)
+        if future.exception() is None:
+          self.stored += rows
+    future.add_done_callback(done)
 
   def _ship_log(self, trans, logs):
     envids = trans['envid'].tolist()

@@ -21,6 +21,7 @@ import traceback
 
 import elements
 import jax
+import numpy as np
 
 from dreamer_ver.actor import preemption
 from dreamer_ver.actor.actor import Actor
@@ -62,7 +63,7 @@ def build_actor(config, agent, store, counters):
                     **client_kwargs(config)),
       logger=Client(peer(run.logger_addr), 'ActorLogger', maxinflight=8,
                     when_full='drop', **client_kwargs(config)))
-  actor.shipper.served = counters['steps']
+  actor.shipper.served = actor.shipper.stored = counters['steps']
   inference = actor.compile()  # seconds per bucket, one dict per lane
   for lane, times in enumerate(inference):
     print(f'Policy compiled on {store.devices[lane]}; inference ms per '
@@ -192,9 +193,10 @@ def run_agent(config, stop=None):
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '
           f'resumes from the last checkpoint.', file=sys.stderr, flush=True)
   else:
-    counters['steps'] = shipper.served
+    release_last_shipments(config, shipper)
+    counters['steps'] = shipper.stored  # What replay holds.
     learner.save()
-    print(f'Agent saved at step {shipper.served}.')
+    print(f'Agent saved at step {shipper.stored}.')
     if cause:
       print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
   if evaluation is not None:
@@ -239,6 +241,27 @@ def run_learner(config, stop=None):
   if agent_failed:
     print('The agent process failed: restarting with it.', flush=True)
   return 1 if agent_failed else 0
+
+
+def release_last_shipments(config, shipper, timeout=5.0):
+  """At a stop: asks replay to store this agent's last shipments without
+  waiting for the limiter (the learner no longer samples) and waits up to
+  `timeout` seconds for each step of it, so the saved step count is what
+  replay holds."""
+  if shipper.replay is None:
+    return
+  client = Client(peer(config.run.replay_addr), 'AgentRelease',
+                  maxinflight=1, **client_kwargs(config))
+  try:
+    client.release_inserts(np.int64(shipper.sender)).result(timeout=timeout)
+  except Exception as error:
+    print(f'[agent] replay did not release the last shipments: {error!r}',
+          flush=True)
+  finally:
+    client.close(timeout=1)
+  if not shipper.drain(timeout):
+    print(f'[agent] shipments replay did not answer within {timeout:g} s '
+          'are not counted', flush=True)
 
 
 def failure(learner_errors, server, links):

@@ -56,6 +56,7 @@ The learner's batches hold the stored keys plus ``stepid`` and ``consec``.
 This module imports neither JAX nor the agent.
 """
 
+import functools
 import json
 import threading
 import time
@@ -78,7 +79,7 @@ from dreamer_ver.runtime.transitions import (
 ROUTING_KEYS = ('envid', 'is_eval')
 
 METHODS = (
-    'add_batch', 'sample_batch_train', 'sample_share_train',
+    'add_batch', 'release_inserts', 'sample_batch_train', 'sample_share_train',
     'sample_batch_report', 'sample_batch_eval', 'update')
 
 
@@ -114,6 +115,7 @@ class ReplayService:
     self.poll = poll
     self._closing = threading.Event()
     self._closed = False
+    self._released = set()  # senders whose inserts skip the limiter
     self._cond = threading.Condition()  # Wakes waiters on insert/sample/close.
     self._waits = {kind: [0.0, 0, 0] for kind in ('insert', 'sample')}
     self._waits_lock = threading.Lock()
@@ -147,7 +149,7 @@ class ReplayService:
         counts = not is_eval[index] and self.train.completes_item(
             int(envid[index]))
         if counts and not self._closing.is_set():
-          self._wait('insert', self.limiter.want_insert)  # False: closing.
+          self._wait('insert', functools.partial(self._may_insert, shipment))
         if self._closed:
           raise Closing('replay closed before the batch was stored')
         self._store(unlogged, index, counts)
@@ -157,6 +159,19 @@ class ReplayService:
         self._log(unlogged)
         self.wal.commit()  # Before the reply: what is acknowledged is logged.
     return {}
+
+  def release_inserts(self, sender):
+    """Lets the add_batch calls of shipper `sender`, waiting or later, store
+    without waiting for the limiter: a stopping agent's learner no longer
+    samples, and its last shipments must still be stored."""
+    self._released.add(int(sender))
+    self._notify()
+    return {}
+
+  def _may_insert(self, shipment):
+    if shipment is not None and shipment[0] in self._released:
+      return True, ''
+    return self.limiter.want_insert()
 
   def _store(self, unlogged, index, counts):
     step = {key: value[index] for key, value in unlogged.data.items()}

@@ -317,3 +317,33 @@ def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():
       assert all(isinstance(r, dict) for r in replies[1:])
   assert counts == {0: list(range(6)), 1: list(range(6))}
   assert actor.lanes[0].refused == 3
+
+
+def test_the_shipper_counts_what_replay_acknowledged_and_drains_in_flight():
+  """`stored` counts the train rows replay answered for (`served` counts
+  them when sent); drain waits for the answers still out, up to a
+  deadline, so a stop saves the count replay holds."""
+  import concurrent.futures
+
+  class SlowReplay:
+    def __init__(self):
+      self.futures = []
+
+    def add_batch(self, trans):
+      self.futures.append(concurrent.futures.Future())
+      return self.futures[-1]
+
+  replay = SlowReplay()
+  shipper = Shipper(replay)
+  shipper.served = shipper.stored = 100  # Resumed from a checkpoint.
+  trans = {'envid': np.arange(3), 'is_eval': np.array([False, False, True])}
+  for _ in range(3):
+    shipper.ship(trans, {})
+  assert shipper.served == 106 and shipper.stored == 100
+  replay.futures[0].set_result({})
+  replay.futures[1].set_exception(RuntimeError('rejected'))
+  assert shipper.stored == 102
+  assert not shipper.drain(timeout=0.1)  # The third is still out.
+  threading.Timer(0.1, lambda: replay.futures[2].set_result({})).start()
+  assert shipper.drain(timeout=5)
+  assert shipper.stored == 104 and shipper.errors == 1

@@ -496,3 +496,29 @@ def test_a_batch_blocked_in_the_limiter_at_a_stop_is_stored_before_its_reply(
     assert again.stats()['replay/items'] == 40 - (T + C - 1)
   finally:
     again.close()
+
+
+def test_released_shipments_are_stored_without_waiting_for_the_learner(
+    tmp_path):
+  """An agent that stops has its last batches stored at once
+  (release_inserts): its learner no longer samples, so the limiter would
+  hold them for ever. Other senders still wait."""
+  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  try:
+    rows = {**trans([0] * 40, range(40)), 'shipment': np.array([7, 0])}
+    replies = []
+    thread = threading.Thread(
+        target=lambda: replies.append(service.add_batch(rows)), daemon=True)
+    thread.start()
+    assert wait_until(lambda: service.limiter.size == 23, 5)  # Blocked.
+    assert service.release_inserts(np.int64(7)) == {}
+    thread.join(timeout=5)
+    assert replies == [{}] and service.stats()['replay/items'] == 36
+    other = {**trans([1] * 40, range(40)), 'shipment': np.array([8, 0])}
+    blocked = threading.Thread(target=service.add_batch, args=(other,),
+                               daemon=True)
+    blocked.start()
+    blocked.join(timeout=0.5)
+    assert blocked.is_alive()  # Sender 8 was not released.
+  finally:
+    service.close()
