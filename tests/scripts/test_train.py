@@ -5,16 +5,25 @@ import json
 import signal
 
 from dreamer_ver import main as mainlib
+from dreamer_ver.agent import checkpoint
 
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '10', '--run.train_ratio', '16']
 
 
-def test_train_runs_checkpoints_and_resumes(tmp_path, capsys):
+def test_train_runs_checkpoints_and_resumes(tmp_path, capsys, monkeypatch):
   logdir = tmp_path / 'run'
   flags = ['--script', 'train', '--logdir', str(logdir), *FLAGS]
   handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-  assert mainlib.main([*flags, '--run.steps', '200']) in (0, None)
+  saves = []
+  real = checkpoint.Checkpoint.save
+  monkeypatch.setattr(checkpoint.Checkpoint, 'save', lambda self, *a: (
+      saves.append(1), real(self, *a))[1])
+  # run.save_every <= 0: no periodic saves (as in the replay and logger
+  # servers), only the one at the end.
+  assert mainlib.main([*flags, '--run.steps', '200',
+                       '--run.save_every', '0']) in (0, None)
+  assert len(saves) == 1
   # It stops on SIGINT/SIGTERM while it runs, and gives them back after.
   assert (signal.getsignal(signal.SIGINT),
           signal.getsignal(signal.SIGTERM)) == handlers
@@ -67,16 +76,3 @@ def test_train_warm_starts_and_stops_at_its_duration(tmp_path, capsys):
   # Fresh counters, stopped by the wall clock long before run.steps.
   assert 0 < counters['steps'] < 1e9 and counters != trained
 
-
-def test_save_every_zero_turns_periodic_saves_off(tmp_path, monkeypatch):
-  """`run.save_every <= 0` means no periodic saves (as in the replay and
-  logger servers): the run saves once, at its end."""
-  from dreamer_ver.agent import checkpoint
-  saves = []
-  real = checkpoint.Checkpoint.save
-  monkeypatch.setattr(checkpoint.Checkpoint, 'save', lambda self, *a: (
-      saves.append(1), real(self, *a))[1])
-  assert mainlib.main([
-      '--script', 'train', '--logdir', str(tmp_path), *FLAGS,
-      '--run.steps', '200', '--run.save_every', '0']) in (0, None)
-  assert len(saves) == 1
