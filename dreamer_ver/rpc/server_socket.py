@@ -98,6 +98,9 @@ class ServerSocket(portal.ServerSocket):
 
   def _accept(self, sock):
     now = time.monotonic()
+    for conn in self.conns.values():
+      if not hasattr(conn, 'opened'):  # Missed below (a replaced entry).
+        conn.opened = now
     waiting = sorted((c for c in self.conns.values() if self._handshaking(c)),
                      key=lambda c: c.opened)
     for conn in waiting:
