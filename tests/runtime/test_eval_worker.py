@@ -7,8 +7,12 @@ import json
 import os
 
 import elements
+import jax
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from dreamer_ver.envs import make_env, make_run_env
 from dreamer_ver.envs.wrappers import Wrapper
@@ -226,3 +230,39 @@ def test_a_record_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
       'identity': eval_worker.process_identity(os.getpid())}))
   with pytest.raises(RuntimeError, match='already runs'):
     eval_worker._clear_stale_record(path)
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=25,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_malformed_params_are_an_error_to_their_caller_only(
+    worker, agent, data):
+  """Fuzzing the worker's input path: params with leaves of other shapes
+  or dtypes, missing or extra ones, or any tree at all, are refused with
+  an error to the caller; nothing is queued and the worker serves on."""
+  leaf = hnp.arrays(
+      st.sampled_from([np.float32, np.float64, np.int32, np.bool_]),
+      hnp.array_shapes(min_dims=0, max_dims=2, max_side=3))
+  params = cue_params(agent, True)
+  paths = [(k, name) for k, sub in params.items() for name in sub]
+  how = data.draw(st.sampled_from(['reshape', 'retype', 'drop', 'add',
+                                   'random']))
+  if how == 'random':
+    params = data.draw(st.dictionaries(
+        st.sampled_from(['enc', 'dyn', 'pol', 'x']),
+        st.dictionaries(st.text('abc', min_size=1, max_size=2), leaf),
+        max_size=3))
+  else:
+    top, name = data.draw(st.sampled_from(paths))
+    if how == 'drop':
+      del params[top][name]
+    elif how == 'add':
+      params[top]['extra'] = data.draw(leaf)
+    else:
+      first = next(iter(jax.tree.leaves(params[top][name])))
+      wrong = (np.zeros(first.shape + (2,), first.dtype) if how == 'reshape'
+               else first.astype(np.int32))
+      params[top][name] = jax.tree.map(lambda _: wrong, params[top][name])
+  with pytest.raises((RuntimeError, TypeError, ValueError)):
+    worker.submit(params, 1)
+  assert worker.status()['pending'] is None
