@@ -133,7 +133,7 @@ RANGES = (
           'horizon', 'slowvalue.every'),
      lambda v: v >= 1, 'must be >= 1'),
     (('replay_context', 'replica', 'run.eval_envs', 'run.envid_offset',
-      'run.crash_limit',
+      'run.crash_limit', 'run.peer_timeout',
       'run.eval_every', 'run.eval_timeout', 'run.duration',
       'run.actor_min_wait',
       'env.gym.max_episode_steps', 'env.crafter.length') + _agent(

@@ -15,6 +15,7 @@ can tell the clients where it went.
 import socket
 
 HANDSHAKE = 'portal_handshake'  # portal's default: no token
+PING = '__ping__'  # a heartbeat: servers answer None from their receive loop
 
 
 def split_addr(addr):
@@ -42,6 +43,12 @@ def current(addr):
     return addr
   found = addr()
   return None if found is None else split_addr(found)
+
+
+def describe(addr):
+  """'host:port' of a client address from `client_addr`, for messages."""
+  target = current(addr)
+  return repr(addr) if target is None else f'{target[0]}:{target[1]}'
 
 
 def bind_host(addr):

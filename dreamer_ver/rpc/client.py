@@ -16,6 +16,17 @@ it, and the owner (the agent's health check) sees a dead link instead of
 calls that never return. A connection that closes before its first reply
 counts as refused (`wire.Refusals`): the next one waits longer.
 
+A peer that stops answering (stopped, hung, its host gone) is told apart
+from one that is only slow to reply (replay's limiter holding inserts back
+while the learner compiles) by a heartbeat: while calls wait and the peer
+is quiet, the client sends `PING`, which servers answer from their receive
+loop, not their workers (portal's own servers answer it with an "unknown
+method" error, which shows they are alive just as well). Quiet for
+`peer_timeout / 6` is reported by name, for `peer_timeout` the link fails
+with PeerStalled -- unless it is a `when_full='drop'` link, on which
+nothing waits: that one only reports (its peer's supervisor restarts a
+server that hangs).
+
 Locks: `_send_lock` orders every write to the socket (calls, and the resend
 after a reconnect, so no call is sent twice on one connection); `_cond`
 guards the table of calls in flight. The receiver never takes `_send_lock`
@@ -28,15 +39,20 @@ import functools
 import itertools
 import socket
 import threading
+import time
 
 from portal.client_socket import Disconnected
 
 from . import wire
-from .addresses import HANDSHAKE, client_addr
+from .addresses import HANDSHAKE, PING, client_addr, describe
 
 
 class Dropped(RuntimeError):
   """A call that a `when_full='drop'` client did not send."""
+
+
+class PeerStalled(Disconnected):
+  """The peer answered nothing, not even a heartbeat, for `peer_timeout`."""
 
 
 class Client:
@@ -44,10 +60,11 @@ class Client:
   outstanding: 'block' waits (back-pressure: transitions to replay), 'drop'
   returns a future failed with Dropped at once, counted in `dropped`
   (metrics to the logger: a logger that is down or slow must never hold up
-  acting or training)."""
+  acting or training). `peer_timeout` (seconds; None: never) bounds how
+  long the peer may stay silent while calls wait (the module says how)."""
 
   def __init__(self, addr, name='Client', maxinflight=16, when_full='block',
-               handshake=HANDSHAKE, max_msg_size=2 ** 32):
+               handshake=HANDSHAKE, max_msg_size=2 ** 32, peer_timeout=None):
     if maxinflight < 1:
       raise ValueError(f'maxinflight must be >= 1, got {maxinflight}')
     if when_full not in ('block', 'drop'):
@@ -67,6 +84,8 @@ class Client:
     self._refusals = wire.Refusals(name)
     self._stop = threading.Event()
     self.error = None  # Why the receiver died; the link is dead then.
+    self.peer_timeout = peer_timeout
+    self._quiet = _Quiet(self)
     self._thread = threading.Thread(
         target=self._guard, name=f'{name}Receiver', daemon=True)
     self._thread.start()
@@ -102,6 +121,8 @@ class Client:
       if self._stop.is_set():
         raise Disconnected(f'{self.name} is closed')
       with self._cond:
+        if not self._inflight:
+          self._quiet.waiting()
         self._inflight[reqnum] = (parts, future)
       if self._sock is not None:
         try:
@@ -155,14 +176,16 @@ class Client:
   def _receive(self):
     while not self._stop.is_set():
       if self._sock is None:
-        self._stop.wait(self._refusals.delay())
+        self._quiet.wait(self._refusals.delay())
         if not self._connect():
+          self._quiet.check()  # Raises PeerStalled if that ended it.
           return
         if self._sock is None:  # Lost again while resending: retry.
           self._stop.wait(0.1)
         continue
       try:
-        frame = wire.recv(self._sock, self._stop, self.max_msg_size)
+        frame = wire.recv(self._sock, self._quiet, self.max_msg_size,
+                          self._quiet.poll)
       except (OSError, EOFError):
         self._refusals.closed()
         with self._send_lock:
@@ -170,13 +193,15 @@ class Client:
           self._sock = None
         continue
       if frame is None:
+        self._quiet.check()
         return
+      self._quiet.heard()
       self._refusals.answered()
       with self._cond:
         entry = self._inflight.pop(wire.reqnum_of(frame), None)
         self._cond.notify_all()
       if entry is None:
-        continue  # A reply to a call that was answered already.
+        continue  # A heartbeat's, or a reply to a call answered already.
       try:
         result = wire.reply(frame)[1]
       except Exception as error:  # An error reply, or one that won't unpack.
@@ -187,7 +212,7 @@ class Client:
   def _connect(self):
     """Connects (retrying until closed) and resends the calls in flight, in
     their order. Returns False if the client was closed first."""
-    sock = wire.connect(self.addr, self.handshake, self._stop)
+    sock = wire.connect(self.addr, self.handshake, self._quiet)
     if sock is None:
       return False
     with self._send_lock:
@@ -202,6 +227,87 @@ class Client:
       self._sock = sock
       self._refusals.opened()
     return True
+
+
+class _Quiet:
+  """How long the peer has been silent while calls wait. The receiver waits
+  on this instead of the client's stop event: `is_set` is also where the
+  clock is read between polls, a heartbeat sent, a stall reported, and
+  (past `peer_timeout`) the wait ended so that `check` raises PeerStalled."""
+
+  def __init__(self, client):
+    self.client = client
+    self.since = time.monotonic()  # The last frame, or the first call after.
+    self.pinged = 0.0
+    self.reported = False
+    self.stalled = None  # Seconds of silence that ended the link.
+    timeout = client.peer_timeout
+    self.poll = 0.5 if timeout is None else min(0.5, timeout / 12)
+
+  def waiting(self):
+    """A call was added to an empty table: the clock starts now."""
+    self.since = time.monotonic()
+
+  def heard(self):
+    silence = time.monotonic() - self.since
+    if self.reported:
+      print(f'{self.client.name}: {describe(self.client.addr)} answers '
+            f'again after '
+            f'{silence:.0f} s.', flush=True)
+    self.since, self.reported = time.monotonic(), False
+
+  def is_set(self):
+    client = self.client
+    if client._stop.is_set():
+      return True
+    if client.peer_timeout is None or not client._inflight:
+      return False
+    now = time.monotonic()
+    silence = now - self.since
+    if silence >= client.peer_timeout and client.when_full == 'block':
+      self.stalled = silence
+      return True
+    if silence >= client.peer_timeout / 6 and not self.reported:
+      self.reported = True
+      then = (f'; the link fails after {client.peer_timeout:g} s '
+              '(run.peer_timeout)' if client.when_full == 'block' else '')
+      print(f'{client.name}: {describe(client.addr)} has answered nothing for '
+            f'{silence:.0f} s ({len(client._inflight)} calls waiting){then}.',
+            flush=True)
+    interval = client.peer_timeout / 12
+    if silence >= interval and now - self.pinged >= interval:
+      self.pinged = now
+      self._ping()
+    return False
+
+  def wait(self, seconds):
+    """Sleeps up to `seconds`, in steps short enough to keep the clock."""
+    deadline = time.monotonic() + seconds
+    while not self.is_set() and time.monotonic() < deadline:
+      self.client._stop.wait(
+          min(self.poll, max(0.0, deadline - time.monotonic())))
+    return self.is_set()
+
+  def check(self):
+    if self.stalled is not None:
+      raise PeerStalled(
+          f'{describe(self.client.addr)} answered nothing, not even a '
+          f'heartbeat, for '
+          f'{self.stalled:.0f} s (run.peer_timeout '
+          f'{self.client.peer_timeout:g} s)')
+
+  def _ping(self):
+    """Sends a heartbeat unless a send is in progress (which, blocked,
+    already shows the peer stopped reading)."""
+    client = self.client
+    if client._sock is None or not client._send_lock.acquire(blocking=False):
+      return
+    try:
+      wire.send(client._sock, wire.request(next(client._reqnums), PING, ()))
+    except OSError:
+      pass  # The next read sees the broken connection.
+    finally:
+      client._send_lock.release()
 
 
 def _shutdown(sock):

@@ -11,7 +11,8 @@ Each bound method runs on a pool: its own of `workers` threads, or the
 server's shared pool. A pool starts calls in arrival order, so a one-thread
 pool serves its methods one call at a time, in order (the replay's
 `add_batch` sees each env's steps in order; the logger's `add` and `tran`
-never overlap).
+never overlap). A heartbeat (`addresses.PING`) is answered by the receive
+thread itself, so a client can tell a busy server from a stopped one.
 """
 
 import collections
@@ -21,6 +22,7 @@ import threading
 import time
 import traceback
 
+from .addresses import PING
 from .server_socket import BadCall, ServerSocket, parse_call
 
 
@@ -105,18 +107,26 @@ class Server:
         addr, msg = self.socket.recv(timeout=0.2)
       except TimeoutError:
         continue
-      self._count('requests')
       try:
         reqnum, method, args = parse_call(msg)
-        if method not in self.methods:
-          raise BadCall(reqnum, 3, f'Unknown method {method}')
       except BadCall as e:
-        self._count('errors')
-        self.socket.send_error(addr, e.reqnum, e.status, str(e))
+        self._refuse(addr, e)
         continue
+      if method == PING:  # Answered here, even while every worker waits.
+        self.socket.send_reply(addr, reqnum, None)
+        continue
+      if method not in self.methods:
+        self._refuse(addr, BadCall(reqnum, 3, f'Unknown method {method}'))
+        continue
+      self._count('requests')
       function, pool = self.methods[method]
       pool.submit(functools.partial(
           self._call, method, function, addr, reqnum, args))
+
+  def _refuse(self, addr, error):
+    self._count('requests')
+    self._count('errors')
+    self.socket.send_error(addr, error.reqnum, error.status, str(error))
 
   def _call(self, method, function, addr, reqnum, args):
     try:

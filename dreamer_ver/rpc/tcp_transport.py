@@ -9,6 +9,7 @@ here and never reach the batch server. Connection ids are the peers'
 
 import threading
 
+from .addresses import PING
 from .server_socket import BadCall, ServerSocket, check_args, parse_call
 
 
@@ -70,6 +71,9 @@ class TcpTransport:
       reqnum, name, args = parse_call(msg)
     except BadCall as e:
       return self._refuse(addr, e.reqnum, e.status, str(e))
+    if name == PING:  # A client's heartbeat: alive, whatever the batch does.
+      self.socket.send_reply(addr, reqnum, None)
+      return None
     if name != self.method:
       return self._refuse(addr, reqnum, 3, f'Unknown method {name}')
     problem = check_args(args)

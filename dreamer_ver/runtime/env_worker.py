@@ -17,8 +17,9 @@ from portal.client_socket import Disconnected
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.rpc import shm
 from dreamer_ver.rpc.addresses import split_addr
+from dreamer_ver.rpc.addresses import handshake as token_handshake
 from dreamer_ver.rpc.blocking_client import BlockingClient
-from dreamer_ver.runtime.process import StopSignal, client_kwargs, peer
+from dreamer_ver.runtime.process import StopSignal, peer
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -75,12 +76,15 @@ def _serve(client, envs, envids, halves, is_eval, stop):
 def actor_client(config, act_space):
   """The client an env process asks the actor with: a ShmClient when the
   transport is shm (or auto and the actor's address is loopback), else a
-  BlockingClient over TCP. Both have the same calls."""
+  BlockingClient over TCP. Both have the same calls. Neither has a
+  deadline: reconnecting to a stopped actor would not help, and its own
+  supervisor restarts it (`run.peer_timeout`)."""
+  handshake = token_handshake(config.run.token)
   if uses_shm(config.run):
     reply = {k: (s.shape, s.dtype) for k, s in act_space.items()}
     reply['reset'] = ((), bool)
-    return shm.ShmClient(config.run.actor_addr, reply, **client_kwargs(config))
-  return BlockingClient(peer(config.run.actor_addr), **client_kwargs(config))
+    return shm.ShmClient(config.run.actor_addr, reply, handshake=handshake)
+  return BlockingClient(peer(config.run.actor_addr), handshake=handshake)
 
 
 def uses_shm(run):

@@ -39,8 +39,10 @@ def server_kwargs(config):
 
 
 def client_kwargs(config):
-  """Keyword arguments for our clients (and portal.Client) in a run."""
-  return dict(handshake=addresses.handshake(config.run.token))
+  """Keyword arguments for our futures clients (`rpc/client.py`) in a run:
+  the token handshake and the deadline on a peer that stopped answering."""
+  return dict(handshake=addresses.handshake(config.run.token),
+              peer_timeout=config.run.peer_timeout or None)
 
 
 def peer(addr):

@@ -81,17 +81,24 @@ class Children:
   within `crash_window` seconds will fail again (a damaged file, a bad
   flag): it is not restarted, `gave_up` names it and its exit code, and
   `wait_for` returns that code, so whoever runs this process (a shell, Ray,
-  Kubernetes) sees the failure. `crash_limit` 0 restarts for ever. `stop_all()` ends supervision, then stops the children
+  Kubernetes) sees the failure. `crash_limit` 0 restarts for ever.
+
+  A child started with a `probe` (the address its server listens on) is
+  sent a heartbeat (`rpc.addresses.PING`) every tick; once it answered one
+  (it is up), answering none for `peer_timeout` seconds means it hangs
+  (stopped, deadlocked, its receive loop dead): it is killed, named, and
+  restarted like a crash. `stop_all()` ends supervision, then stops the children
   in groups of rising `stop_order` (e.g. envs before the servers they feed,
   so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
   it), and a kill for what is still alive after SHUTDOWN_SECONDS.
   """
 
   def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic,
-               crash_limit=0, crash_window=300.0):
+               crash_limit=0, crash_window=300.0, peer_timeout=0,
+               handshake=None):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
-    self.specs = {}  # name -> (target, config, args, restart, stop_order)
+    self.specs = {}  # name -> (target, config, args, restart, order, probe)
     self.backoff = backoff
     self.stable = stable
     self.clock = clock
@@ -103,18 +110,26 @@ class Children:
     self.crash_window = crash_window
     self.crash_times = collections.defaultdict(collections.deque)
     self.gave_up = None  # (name, exit code) of a child in a crash loop
+    self.peer_timeout = peer_timeout
+    self.handshake = handshake
+    self.heartbeats = {}  # name -> _Heartbeat, for children with a probe
     self.lock = threading.RLock()  # supervise() vs stop_all()
     self.stopping = False
     self.halt = threading.Event()
     self.thread = None
 
-  def start(self, name, target, config, *args, restart=True, stop_order=0):
+  def start(self, name, target, config, *args, restart=True, stop_order=0,
+            probe=None):
     """Starts `target` ('module:function', called as fn(config, *args)) in
-    a child process named `name`."""
+    a child process named `name`; `probe`: the address it serves at."""
     proc = self._spawn(name, target, config, args)
     self.started[name] = self.clock()
     self.procs[name] = proc
-    self.specs[name] = (target, config, args, restart, stop_order)
+    self.specs[name] = (target, config, args, restart, stop_order, probe)
+    if probe is not None and self.peer_timeout:
+      if name not in self.heartbeats:
+        self.heartbeats[name] = _Heartbeat(name, probe, self.handshake)
+      self.heartbeats[name].answered = None  # Not up until it answers.
     return proc
 
   def _spawn(self, name, target, config, args):
@@ -142,7 +157,9 @@ class Children:
   def _supervise(self):
     now = self.clock()
     for name, proc in list(self.procs.items()):
-      target, config, args, restart, order = self.specs[name]
+      target, config, args, restart, order, probe = self.specs[name]
+      if proc.is_alive():
+        self._listen(name, proc, now)
       if proc.is_alive() or not restart:
         continue
       if proc.exitcode == 0:
@@ -171,7 +188,20 @@ class Children:
         self.restarts[name] += 1
         self.crashes[name] += 1
         self.start(name, target, config, *args, restart=restart,
-                   stop_order=order)
+                   stop_order=order, probe=probe)
+
+  def _listen(self, name, proc, now):
+    """Kills a child that answered heartbeats before and has answered
+    none for `peer_timeout` seconds (supervision restarts it)."""
+    heartbeat = self.heartbeats.get(name)
+    silence = heartbeat and heartbeat.silence(now)
+    if silence is not None and silence >= self.peer_timeout:
+      print(f'{name} (pid {proc.pid}) has answered no heartbeat for '
+            f'{silence:.0f} s (run.peer_timeout): it hangs; killing it to '
+            'restart it.', flush=True)
+      heartbeat.answered = None
+      proc.kill()
+      proc.join(5)
 
   def _crash_loop(self, name, now):
     """Counts a crash; True once `crash_limit` fell within the window."""
@@ -213,6 +243,8 @@ class Children:
     self.halt.set()
     if self.thread is not None:
       self.thread.join()
+    for heartbeat in self.heartbeats.values():
+      heartbeat.client.close(timeout=1)
     orders = sorted({spec[4] for spec in self.specs.values()})
     groups = [[n for n in self.procs if self.specs[n][4] == order]
               for order in orders]
@@ -234,3 +266,27 @@ class Children:
           print(f'{name} did not stop within {SHUTDOWN_SECONDS} s; killing it.')
           self.procs[name].kill()
           self.procs[name].join()
+
+
+class _Heartbeat:
+  """Pings a child's server, one heartbeat at a time; `silence` is how long
+  since it last answered (None until it answered once: still starting)."""
+
+  def __init__(self, name, addr, handshake):
+    from dreamer_ver.rpc.addresses import HANDSHAKE, PING
+    from dreamer_ver.rpc.client import Client
+    self.ping = PING
+    self.client = Client(addr, f'{name}Heartbeat', maxinflight=1,
+                         handshake=handshake or HANDSHAKE)
+    self.future = None
+    self.answered = None
+
+  def silence(self, now):
+    if self.future is not None and self.future.done():
+      if self.future.exception() is None:
+        self.answered = now
+      self.future = None
+    if self.future is None and self.client.error is None:
+      self.future = self.client.call(self.ping)
+    return None if self.answered is None else now - self.answered
+

@@ -22,7 +22,7 @@ processes that start them never load JAX.
 
 import sys
 
-from dreamer_ver.rpc.addresses import fill_auto_ports
+from dreamer_ver.rpc.addresses import fill_auto_ports, handshake
 from dreamer_ver.runtime.env_worker import fleets, run_env
 from dreamer_ver.runtime.outputs import missing
 from dreamer_ver.runtime.process import StopSignal, with_token
@@ -45,12 +45,14 @@ def parallel(config):
   run = config.run
   stop = StopSignal()
   children = _children(config)
-  children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST)
+  children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST,
+                 probe=run.logger_addr)
   if not run.remote_replay:
-    children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST)
+    children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST,
+                   probe=run.replay_addr)
   if not run.remote_envs:
     _start_env_workers(children, config, offset=0)
-  children.start('agent', AGENT, config)
+  children.start('agent', AGENT, config, probe=run.actor_addr)
   return _wait(children, 'agent', stop)
 
 
@@ -72,34 +74,40 @@ def parallel_envs(config):
 
 
 def parallel_replay(config):
-  return _supervised(config, 'replay', REPLAY)
+  return _supervised(config, 'replay', REPLAY, config.run.replay_addr)
 
 
 def parallel_logger(config):
   if _outputs_missing(config):
     return 2
-  return _supervised(config, 'logger', LOGGER)
+  return _supervised(config, 'logger', LOGGER, config.run.logger_addr)
 
 
 def parallel_agent(config):
-  return _supervised(config, 'agent', AGENT)
+  return _supervised(config, 'agent', AGENT, config.run.actor_addr)
 
 
 def parallel_learner(config):
   return _supervised(config, 'learner', LEARNER)
 
 
-def _supervised(config, name, target):
-  """One component of a split launch, restarted whenever it crashes."""
+def _supervised(config, name, target, probe=None):
+  """One component of a split launch, restarted whenever it crashes or
+  hangs."""
   stop = StopSignal()
+  config = with_token(config)
   children = _children(config)
-  children.start(name, target, with_token(config))
+  children.start(name, target, config, probe=probe)
   return _wait(children, name, stop)
 
 
 def _children(config):
+  """A supervisor with the run's crash-loop limit, and heartbeats with its
+  token and `run.peer_timeout` (needs `with_token` first)."""
   return Children(crash_limit=config.run.crash_limit,
-                  crash_window=config.run.crash_window)
+                  crash_window=config.run.crash_window,
+                  peer_timeout=config.run.peer_timeout,
+                  handshake=handshake(config.run.token))
 
 
 def _wait(children, name, stop):

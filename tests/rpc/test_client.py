@@ -3,6 +3,7 @@ results by value, error replies, back-pressure, and resending what was in
 flight when the server restarts."""
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -324,4 +325,109 @@ def test_close_returns_while_a_call_is_stuck_sending_to_a_peer_that_stopped_read
     assert isinstance(error, Disconnected)
   finally:
     peer.close()
+    listener.close()
+
+
+def _serve_in_child(port, ready):
+  from dreamer_ver.rpc.server import Server
+  server = Server(port, 'Child', host='127.0.0.1')
+  server.bind('add', lambda x, y: x + y)
+  server.start()
+  ready.set()
+  threading.Event().wait(60)  # Until the test kills it.
+
+
+def test_a_stopped_peer_fails_the_link_by_name_within_peer_timeout(capsys):
+  # The peer process is SIGSTOPped while a call waits: its kernel still
+  # holds the connection, so nothing but a deadline can tell.
+  import multiprocessing
+  ctx = multiprocessing.get_context('spawn')
+  port = free_port()
+  ready = ctx.Event()
+  child = ctx.Process(target=_serve_in_child, args=(port, ready), daemon=True)
+  child.start()
+  client = Client(f'127.0.0.1:{port}', 'ToChild', peer_timeout=1.5)
+  try:
+    assert ready.wait(30)
+    assert client.add(2, 3).result(timeout=10) == 5
+    os.kill(child.pid, signal.SIGSTOP)
+    future = client.add(1, 1)
+    with pytest.raises(Disconnected, match=f'PeerStalled.*127.0.0.1:{port}'):
+      future.result(timeout=10)
+    assert isinstance(client.error, client_module.PeerStalled)
+    assert f'ToChild: 127.0.0.1:{port} has answered nothing' in (
+        capsys.readouterr().out)
+  finally:
+    os.kill(child.pid, signal.SIGCONT)
+    child.kill()
+    child.join(5)
+    client.close(timeout=2)
+
+
+def test_a_slow_reply_under_back_pressure_is_not_a_stall():
+  # The method holds its reply for 4 peer_timeouts (replay's limiter while
+  # the learner compiles); the receive loop answers the heartbeats.
+  from dreamer_ver.rpc.server import Server
+  port = free_port()
+  gate = threading.Event()
+  server = Server(port, 'Slow', host='127.0.0.1')
+  server.bind('add', lambda x, y: (gate.wait(10), x + y)[1])
+  server.start()
+  client = Client(f'127.0.0.1:{port}', 'ToSlow', peer_timeout=0.5)
+  try:
+    future = client.add(2, 3)
+    threading.Timer(2.0, gate.set).start()
+    assert future.result(timeout=10) == 5
+    assert client.error is None
+    assert server.stats()['errors'] == 0  # Heartbeats are no calls.
+  finally:
+    gate.set()
+    client.close(timeout=2)
+    server.close()
+
+
+def test_a_peer_that_never_comes_up_fails_waiting_calls():
+  client = Client(f'127.0.0.1:{free_port()}', 'Nobody', peer_timeout=1.0)
+  try:
+    with pytest.raises(Disconnected, match='PeerStalled'):
+      client.add(1, 2).result(timeout=10)
+    with pytest.raises(Disconnected, match='Nobody failed'):
+      client.add(1, 2)
+  finally:
+    client.close(timeout=2)
+
+
+def test_a_portal_server_answers_heartbeats_too():
+  # portal's own servers reply to the heartbeat with "unknown method": alive.
+  port = free_port()
+  gate = threading.Event()
+  server = _server(port, gate=gate)
+  client = Client(f'127.0.0.1:{port}', 'ToPortal', peer_timeout=0.5)
+  try:
+    future = client.add(2, 3)
+    threading.Timer(2.0, gate.set).start()
+    assert future.result(timeout=10)['sum'] == 5
+    assert client.error is None
+  finally:
+    gate.set()
+    client.close(timeout=2)
+    server.close()
+
+
+def test_a_drop_link_to_a_silent_peer_reports_but_never_fails(capsys):
+  # Nothing waits on a metrics link: its peer's supervisor deals with a hang.
+  listener = socket.create_server(('127.0.0.1', 0))  # Accepts, never answers.
+  port = listener.getsockname()[1]
+  client = Client(f'127.0.0.1:{port}', 'Metrics', maxinflight=1,
+                  when_full='drop', peer_timeout=0.5)
+  try:
+    future = client.add(1, 2)
+    time.sleep(2.0)
+    assert client.error is None and not future.done()
+    with pytest.raises(Dropped):
+      client.add(1, 2).result(timeout=1)
+    assert f'Metrics: 127.0.0.1:{port} has answered nothing' in (
+        capsys.readouterr().out)
+  finally:
+    client.close(timeout=2)
     listener.close()

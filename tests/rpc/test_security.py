@@ -21,6 +21,11 @@ from dreamer_ver.runtime.process import (
     StopSignal, client_kwargs, server_kwargs, with_token)
 
 
+def _handshake(config):
+  """What an env process's client sends: the run's token handshake."""
+  return client_kwargs(config)['handshake']
+
+
 def _config(tmp_path, token=''):
   return configlib.compose(['debug'], {
       'logdir': str(tmp_path), 'run.token': token})
@@ -64,8 +69,9 @@ def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
       _config(tmp_path, right), {'run.actor_cutoff': cutoff})
   server = _echo_server(port, config)
   stop = StopSignal(install=False)
-  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, right)))
-  bad = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(_config(tmp_path, wrong)))
+  addr = f'127.0.0.1:{port}'
+  good = BlockingClient(addr, handshake=_handshake(_config(tmp_path, right)))
+  bad = BlockingClient(addr, handshake=_handshake(_config(tmp_path, wrong)))
   try:
     assert good.connect(stop) and bad.connect(stop)
     with pytest.raises(Disconnected):
@@ -106,11 +112,10 @@ def test_a_refused_client_reconnects_less_often_and_says_why(tmp_path, capfd):
   """portal's protocol has no handshake reply: a refused client only sees
   its connection close. It must not reconnect in a tight loop."""
   port = free_port()
-  server = _echo_server(port, _config(tmp_path, 'right-7f3a9c'))
-  bad = BlockingClient(f'127.0.0.1:{port}',
-                       **client_kwargs(_config(tmp_path, 'wrong-2e81d4')))
-  good = BlockingClient(f'127.0.0.1:{port}',
-                        **client_kwargs(_config(tmp_path, 'right-7f3a9c')))
+  server = _echo_server(port, _config(tmp_path, 'right'))
+  addr = f'127.0.0.1:{port}'
+  bad = BlockingClient(addr, handshake=_handshake(_config(tmp_path, 'wrong')))
+  good = BlockingClient(addr, handshake=_handshake(_config(tmp_path, 'right')))
   stop = Waits(limit=100)  # never set; records the waits
   try:
     for _ in range(5):
@@ -161,7 +166,7 @@ def test_oversized_frame_is_refused_before_buffering(tmp_path):
   config = _config(tmp_path, 'tok')
   server = _echo_server(port, config, max_msg_size=4096)
   stop = StopSignal(install=False)
-  good = BlockingClient(f'127.0.0.1:{port}', **client_kwargs(config))
+  good = BlockingClient(f'127.0.0.1:{port}', handshake=_handshake(config))
   try:
     raw = socket.create_connection(('127.0.0.1', port), timeout=5)
     raw.sendall(client_kwargs(config)['handshake'].encode())

@@ -239,3 +239,53 @@ def _alive(pid):
   except ProcessLookupError:
     return False
   return process_state(pid) not in (None, 'Z')
+
+
+def _serve_until_stopped(config, port):
+  """A child that serves heartbeats at `port` until SIGTERM/SIGINT."""
+  from dreamer_ver.rpc.server import Server
+  from dreamer_ver.runtime.process import StopSignal
+  stop = StopSignal()
+  server = Server(port, 'Child', host='127.0.0.1').start()
+  while not stop.wait(0.1):
+    pass
+  server.close()
+  return 0
+
+
+def test_a_hung_child_is_killed_named_and_restarted(tmp_path, capfd):
+  """A child that answered heartbeats and then answers none for
+  peer_timeout (SIGSTOP: the kernel still holds its socket, so only a
+  heartbeat tells) is killed and restarted."""
+  from types import SimpleNamespace
+  from dreamer_ver.rpc.addresses import free_port
+  from dreamer_ver.runtime.supervisor import Children
+  port = free_port()
+  children = Children(backoff=(0.0, 0.0), peer_timeout=2.0)
+  proc = children.start('replay', f'{__name__}:_serve_until_stopped',
+                        SimpleNamespace(logdir=str(tmp_path)), port,
+                        probe=f'127.0.0.1:{port}')
+  heartbeat = children.heartbeats['replay']
+  try:
+    def up():
+      children.supervise()
+      return heartbeat.answered is not None
+    assert _wait_for(up, 60, poll=0.2), 'never answered a heartbeat'
+    time.sleep(3)  # Alive and answering: longer than peer_timeout.
+    children.supervise()
+    assert children.procs['replay'] is proc and proc.is_alive()
+    os.kill(proc.pid, signal.SIGSTOP)
+
+    def restarted():
+      children.supervise()
+      return children.restarts['replay'] == 1
+    assert _wait_for(restarted, 30, poll=0.2)
+    assert proc.exitcode == -signal.SIGKILL
+    out = capfd.readouterr().out
+    assert f'replay (pid {proc.pid}) has answered no heartbeat' in out
+    assert _wait_for(up, 60, poll=0.2), 'the restarted child never answered'
+  finally:
+    children.stop_all()
+    if proc.is_alive():
+      proc.kill()
+  assert children.procs['replay'].exitcode == 0
