@@ -1,13 +1,25 @@
-"""Chaos soak: a parallel run in which random components keep getting SIGKILLed.
+"""Chaos soak: a parallel run whose components keep getting killed, stopped
+and flooded.
 
 Runs `python -m dreamer_ver.main --script parallel` on the `debug` config
 with the `synthetic_tagged` task (every step is named by its env's seed, the
 env process's pid and a serial number; every episode by an id, see
 envs/synthetic.py) for `--minutes` (counted from the first env step). Every
-20-40 s (`--kill_every LOW HIGH`) it SIGKILLs one component: an env process,
+20-40 s (`--kill_every LOW HIGH`) it hits one component -- an env process,
 the replay server, the logger server or the agent, in shuffled rounds so each
-kind is hit equally often. Then it stops the run with SIGTERM and checks
-what the run left on disk:
+kind is hit equally often -- with one of the `--faults`:
+
+  kill   SIGKILL
+  stop   SIGSTOP for 30-120 s (`--stop_for`), then SIGCONT: a hang. The
+         run's `run.peer_timeout` is `--peer_timeout` (60 s): a stopped
+         server is reported by its supervisor after a sixth of it and
+         killed and restarted after all of it; an env process is nobody's
+         server (the actor cuts its batches without it)
+  flood  200 connections that never send a handshake to the component's
+         server (replay, logger, actor; an env process has none), held
+         for 30 s
+
+Then it stops the run with SIGTERM and checks what the run left on disk:
 
   steps       env steps the logger counted (ckpt/logger.json)
   restarts    per component kind, processes that replaced a killed one (pid
@@ -31,6 +43,9 @@ what the run left on disk:
   episodes    logged episodes (scores.jsonl) whose id appears twice, or
               whose length is not the episode length (a hole)
   idle        the longest time no train row was stored (by row times)
+  unreported  stops of a server longer than a sixth of run.peer_timeout
+              that no line of the run's output names (its supervisor's
+              heartbeat report)
 
   python bench/chaos.py --minutes 10 --out chaos.json
 """
@@ -41,9 +56,11 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,6 +70,11 @@ import watch
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ('env', 'replay', 'logger', 'agent')
+FAULTS = ('kill', 'stop', 'flood')
+SERVES = {'replay': 'run.replay_addr', 'logger': 'run.logger_addr',
+          'agent': 'run.actor_addr'}
+FLOOD = 200  # connections that never handshake
+FLOOD_SECONDS = 30
 SHUTDOWN_BUDGET = 60  # The runtime's 15 s per stop group plus the saves.
 QUIET_END = 20  # No kills in the last seconds: the killed come back first.
 
@@ -69,10 +91,15 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--startup', type=float, default=600.0,
                       help='seconds to wait for the first env step')
+  parser.add_argument('--faults', nargs='+', default=list(FAULTS),
+                      choices=FAULTS)
+  parser.add_argument('--stop_for', type=float, nargs=2, default=(30, 120))
+  parser.add_argument('--peer_timeout', type=float, default=60.0)
   args = parser.parse_args()
   logdir = Path(args.logdir or tempfile.mkdtemp(prefix='chaos_'))
   report = chaos(logdir, args.minutes, args.kill_every, args.envs,
-                 args.length, args.step_time, args.seed, args.startup)
+                 args.length, args.step_time, args.seed, args.startup,
+                 args.faults, args.stop_for, args.peer_timeout)
   print(format_report(report), flush=True)
   if args.out:
     Path(args.out).write_text(json.dumps(report, indent=2) + '\n')
@@ -80,10 +107,13 @@ def main():
 
 
 def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
-          seed=0, startup=600.0):
+          seed=0, startup=600.0, faults=('kill',), stop_for=(30, 120),
+          peer_timeout=60.0):
   """Runs the soak; returns the report (a dict; `ok` says if it passed)."""
   rng = random.Random(seed)
-  flags = {
+  from dreamer_ver.rpc.addresses import free_port
+  addrs = {key: f'127.0.0.1:{free_port()}' for key in SERVES.values()}
+  flags = {**addrs, 'run.peer_timeout': peer_timeout,
       'configs': 'debug', 'task': 'synthetic_tagged', 'logdir': str(logdir),
       'run.steps': '1e9', 'run.envs': envs, 'run.eval_envs': 1,
       'env.synthetic.length': length, 'env.synthetic.step_time': step_time,
@@ -99,8 +129,12 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout,
                           stderr=subprocess.STDOUT)
   report = {'command': ' '.join(command), 'logdir': str(logdir),
-            'minutes': minutes, 'kill_every': list(kill_every)}
+            'minutes': minutes, 'kill_every': list(kill_every),
+            'faults': list(faults), 'stop_for': list(stop_for),
+            'peer_timeout': peer_timeout}
   kills, seen = [], collections.defaultdict(set)  # kind -> pids seen
+  plan = [(kind, fault) for kind in KINDS for fault in faults
+          if not (kind == 'env' and fault == 'flood')]
   try:
     if not watch.wait(lambda: watch.logger_step(logdir) > 0 or proc.poll() is not None,
                  startup) or proc.poll() is not None:
@@ -116,12 +150,18 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
         seen[_kind(name)].add(pid)
       now = time.monotonic()
       if now >= next_kill and now < deadline - QUIET_END:
-        order = order or rng.sample(KINDS, len(KINDS))
-        kills.append(_kill(logdir, order.pop(), rng, now - start))
+        order = order or rng.sample(plan, len(plan))
+        kind, fault = order.pop()
+        hit = {'kill': _kill, 'stop': _stop, 'flood': _flood}[fault]
+        kills.append(hit(logdir, kind, rng, now - start, stop_for=stop_for,
+                         addrs=addrs))
         next_kill = now + rng.uniform(*kill_every)
       time.sleep(0.5)
     for name, pid in watch.pids(logdir).items():
       seen[_kind(name)].add(pid)
+    for hit in kills:  # A stop that outlasted the soak ends before SIGTERM.
+      if hit.get('resume') is not None:
+        hit['resume'].join()
     stop_at = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -135,7 +175,11 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       proc.wait()
     stdout.close()
   leftover = [name for name, pid in watch.pids(logdir).items() if watch.alive(pid)]
-  killed = collections.Counter(k['kind'] for k in kills if k['pid'])
+  for hit in kills:
+    hit.pop('resume', None)
+  killed = collections.Counter(
+      k['kind'] for k in kills if k['pid'] and k['fault'] == 'kill')
+  output = (logdir / 'chaos_stdout.log').read_text(errors='replace')
   envs_started = len(seen['env'])
   report.update({
       'exit_code': code, 'left_running': leftover, 'kills': kills,
@@ -146,14 +190,32 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
           len([n for n in watch.pids(logdir) if _kind(n) == 'env'])
           if kind == 'env' else 1) for kind in KINDS},
       'env_processes_seen': envs_started,
+      'faults_done': dict(collections.Counter(
+          f"{k['kind']} {k['fault']}" for k in kills
+          if k['pid'] or k.get('connections'))),
+      'unreported_stops': unreported(kills, output, peer_timeout),
       'steps': watch.read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
   report.update(check_rows(logdir, length))
   report['ok'] = bool(
       code == 0 and not leftover and report['lost_rows'] == 0 and
       report['duplicated_rows'] == 0 and report['carries_mixed'] == 0 and
       report['episodes_twice'] == 0 and report['episodes_with_holes'] == 0
+      and not report['unreported_stops']
       and all(report['restarts'][k] >= killed[k] for k in killed))
   return report
+
+
+def unreported(hits, output, peer_timeout):
+  """The stops of a server, long enough to be reported, that no line of the
+  run's output names."""
+  missed = []
+  for hit in hits:
+    if (hit['fault'] == 'stop' and hit['pid'] and hit['kind'] != 'env'
+        and hit['seconds'] >= peer_timeout / 6 + 2):
+      if f"{hit['name']} (pid {hit['pid']}) has answered no heartbeat" not in (
+          output):
+        missed.append(f"{hit['name']} pid {hit['pid']} at {hit['t']} s")
+  return missed
 
 
 # ------------------------------------------------------------------ checks
@@ -248,16 +310,64 @@ def carries_mixed(logdir, rows, pairs, batch=1024):
 
 # ----------------------------------------------------------------- helpers
 
-def _kill(logdir, kind, rng, at):
-  """SIGKILLs one process of `kind`; returns what was done."""
+def _pick(logdir, kind, rng):
+  """A running process of `kind`: (name, pid), pid None if none runs now
+  (it is restarting)."""
   names = sorted(n for n in watch.pids(logdir) if _kind(n) == kind)
   name = rng.choice(names) if names else None
   pid = watch.pids(logdir).get(name)
-  if pid is not None and watch.alive(pid):
+  return name, pid if pid is not None and watch.alive(pid) else None
+
+
+def _kill(logdir, kind, rng, at, **_):
+  """SIGKILLs one process of `kind`; returns what was done."""
+  name, pid = _pick(logdir, kind, rng)
+  if pid is not None:
     os.kill(pid, signal.SIGKILL)
-  else:
-    pid = None  # Not running right now (restarting): nothing was killed.
-  return {'t': round(at, 1), 'kind': kind, 'name': name, 'pid': pid}
+  return {'t': round(at, 1), 'kind': kind, 'fault': 'kill', 'name': name,
+          'pid': pid}
+
+
+def _stop(logdir, kind, rng, at, stop_for, **_):
+  """SIGSTOPs one process of `kind` and SIGCONTs it after a while (on a
+  thread: the soak goes on meanwhile), unless it was killed by then."""
+  name, pid = _pick(logdir, kind, rng)
+  seconds = round(rng.uniform(*stop_for), 1)
+  resume = None
+  if pid is not None:
+    os.kill(pid, signal.SIGSTOP)
+
+    def cont():
+      time.sleep(seconds)
+      try:
+        os.kill(pid, signal.SIGCONT)
+      except ProcessLookupError:
+        pass  # Its supervisor killed the hung process.
+    resume = threading.Thread(target=cont, daemon=True)
+    resume.start()
+  return {'t': round(at, 1), 'kind': kind, 'fault': 'stop', 'name': name,
+          'pid': pid, 'seconds': seconds, 'resume': resume}
+
+
+def _flood(logdir, kind, rng, at, addrs, **_):
+  """Opens FLOOD connections to the server of `kind` that never send their
+  handshake, and closes them after FLOOD_SECONDS (on a thread)."""
+  host, port = addrs[SERVES[kind]].rsplit(':', 1)
+  socks = []
+  for _ in range(FLOOD):
+    try:
+      socks.append(socket.create_connection((host, int(port)), timeout=2))
+    except OSError:
+      break  # Refused (restarting) or the backlog is full: enough.
+
+  def close():
+    time.sleep(FLOOD_SECONDS)
+    for sock in socks:
+      sock.close()
+  resume = threading.Thread(target=close, daemon=True)
+  resume.start()
+  return {'t': round(at, 1), 'kind': kind, 'fault': 'flood', 'name': kind,
+          'pid': None, 'connections': len(socks), 'resume': resume}
 
 
 def _kind(name):
@@ -266,9 +376,10 @@ def _kind(name):
 
 def format_report(report):
   lines = [f"chaos soak: {'PASS' if report['ok'] else 'FAIL'} "
-           f"({report['minutes']} min, a kill every "
+           f"({report['minutes']} min, a fault every "
            f"{report['kill_every'][0]:g}-{report['kill_every'][1]:g} s)"]
-  for key in ('steps', 'killed', 'restarts', 'exit_code', 'shutdown_s',
+  for key in ('steps', 'faults_done', 'killed', 'restarts',
+              'unreported_stops', 'exit_code', 'shutdown_s',
               'left_running', 'stored_rows', 'lost_rows', 'duplicated_rows',
               'checked_carries', 'carries_mixed', 'episodes_logged',
               'episodes_twice', 'episodes_with_holes', 'longest_idle_s'):

@@ -85,9 +85,9 @@ class Children:
 
   A child started with a `probe` (the address its server listens on) is
   sent a heartbeat (`rpc.addresses.PING`) every tick; once it answered one
-  (it is up), answering none for `peer_timeout` seconds means it hangs
-  (stopped, deadlocked, its receive loop dead): it is killed, named, and
-  restarted like a crash. `stop_all()` ends supervision, then stops the children
+  (it is up), silence for `peer_timeout / 6` seconds is reported by name,
+  and for `peer_timeout` means it hangs (stopped, deadlocked, its receive
+  loop dead): it is killed and restarted like a crash. `stop_all()` ends supervision, then stops the children
   in groups of rising `stop_order` (e.g. envs before the servers they feed,
   so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
   it), and a kill for what is still alive after SHUTDOWN_SECONDS.
@@ -129,7 +129,7 @@ class Children:
     if probe is not None and self.peer_timeout:
       if name not in self.heartbeats:
         self.heartbeats[name] = _Heartbeat(name, probe, self.handshake)
-      self.heartbeats[name].answered = None  # Not up until it answers.
+      self.heartbeats[name].restarted()
     return proc
 
   def _spawn(self, name, target, config, args):
@@ -195,13 +195,20 @@ class Children:
     none for `peer_timeout` seconds (supervision restarts it)."""
     heartbeat = self.heartbeats.get(name)
     silence = heartbeat and heartbeat.silence(now)
-    if silence is not None and silence >= self.peer_timeout:
+    if silence is None:
+      return
+    if silence >= self.peer_timeout:
       print(f'{name} (pid {proc.pid}) has answered no heartbeat for '
             f'{silence:.0f} s (run.peer_timeout): it hangs; killing it to '
             'restart it.', flush=True)
-      heartbeat.answered = None
+      heartbeat.restarted()
       proc.kill()
       proc.join(5)
+    elif silence >= self.peer_timeout / 6 and not heartbeat.reported:
+      heartbeat.reported = True
+      print(f'{name} (pid {proc.pid}) has answered no heartbeat for '
+            f'{silence:.0f} s; killed at {self.peer_timeout:g} s '
+            '(run.peer_timeout).', flush=True)
 
   def _crash_loop(self, name, now):
     """Counts a crash; True once `crash_limit` fell within the window."""
@@ -275,16 +282,25 @@ class _Heartbeat:
   def __init__(self, name, addr, handshake):
     from dreamer_ver.rpc.addresses import HANDSHAKE, PING
     from dreamer_ver.rpc.client import Client
+    self.name = name
     self.ping = PING
     self.client = Client(addr, f'{name}Heartbeat', maxinflight=1,
                          handshake=handshake or HANDSHAKE)
     self.future = None
     self.answered = None
+    self.reported = False  # whether the current silence was reported
+
+  def restarted(self):
+    """A new process: not up until it answers."""
+    self.answered, self.reported = None, False
 
   def silence(self, now):
     if self.future is not None and self.future.done():
       if self.future.exception() is None:
-        self.answered = now
+        if self.reported:
+          print(f'{self.name} answers heartbeats again after '
+                f'{now - self.answered:.0f} s.', flush=True)
+        self.answered, self.reported = now, False
       self.future = None
     if self.future is None and self.client.error is None:
       self.future = self.client.call(self.ping)

@@ -283,6 +283,7 @@ def test_a_hung_child_is_killed_named_and_restarted(tmp_path, capfd):
     assert proc.exitcode == -signal.SIGKILL
     out = capfd.readouterr().out
     assert f'replay (pid {proc.pid}) has answered no heartbeat' in out
+    assert 'killed at 2 s' in out  # Reported before it was killed.
     assert _wait_for(up, 60, poll=0.2), 'the restarted child never answered'
   finally:
     children.stop_all()
