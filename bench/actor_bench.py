@@ -439,7 +439,7 @@ class Ours:
     from dreamer_ver import config as configlib
     from dreamer_ver.actor import preemption
     from dreamer_ver.rpc.batch_server import BatchServer
-    from dreamer_ver.runtime.process import server_kwargs
+    from dreamer_ver.cluster.links import server_kwargs
     run = configlib.override(config, {'run.actor_cutoff': mode}).run
     self.cutoff = preemption.make_cutoff(run, envs, actor.buckets, inference)
 
@@ -547,7 +547,7 @@ def start_replays(config, outdir):
 def _replay_child(config, log):
   """A --wal replay server process; its output (a line per connection)
   goes to `log`."""
-  from dreamer_ver.runtime.replay_server import serve_replay
+  from dreamer_ver.replay.server import serve_replay
   with open(log, 'w') as file:
     os.dup2(file.fileno(), 1)
     os.dup2(file.fileno(), 2)

@@ -291,7 +291,7 @@ def carries_mixed(logdir, rows, pairs, batch=1024):
   from dreamer_ver.runtime.agent_process import build_agent
   config = elements.Config.load(Path(logdir) / 'config.yaml')
   agent = build_agent(config)
-  _, state, _ = checkpoint.restore(agent, config)
+  _, state, _ = checkpoint.restore(agent, config.logdir, config.seed)
   params = policy_params(state['params'])
   step = jax.jit(lambda carry, obs: agent.policy_step(
       params, carry, obs, jax.random.PRNGKey(0))[2]['dyn/deter'])

@@ -63,7 +63,7 @@ def measure(args, mode):
   logdir = Path(tempfile.mkdtemp(prefix=f'eval_bench_{mode}_'))
   flags = ['--configs', *args.configs, '--logdir', str(logdir),
            '--run.log_every', '5', '--run.steps', '1e9',
-           '--run.eval_envs', str(args.eval_envs),
+           '--run.eval_worker_envs', str(args.eval_envs),
            '--run.eval_every', str(args.eval_every if mode == 'on' else 0)]
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   proc = subprocess.Popen(

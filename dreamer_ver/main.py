@@ -17,14 +17,14 @@ not available) prints one line to stderr and exits with status 2.
 meaning (the key's comment in ``configs/defaults.yaml``).
 """
 
-import importlib
 import os
 import sys
 
+from dreamer_ver.cluster.targets import load
+
 # Script name -> 'module:function'. Modules are imported only when their
 # script runs, so a script's heavy imports (JAX, env suites) never slow down
-# or break the others. Register a script here once its module exists, e.g.
-#   'parallel': 'dreamer_ver.scripts.parallel:combined',
+# or break the others.
 SCRIPTS = {
     'train': 'dreamer_ver.scripts.train:train',
     'parallel': 'dreamer_ver.scripts.parallel:parallel',
@@ -115,13 +115,12 @@ def main(argv=None):
     return _error(
         f"script '{config.script}' is not available; available scripts: "
         f'{_available()}')
-  module, _, function = SCRIPTS[config.script].partition(':')
 
   config = configlib.resolve_logdir(config)
   names, _, _ = configlib.split_argv(argv)
   print(configlib.summary(config, names), flush=True)
 
-  fn = getattr(importlib.import_module(module), function)
+  fn = load(SCRIPTS[config.script])
   if not config.script.endswith(NO_LOGDIR_SUFFIXES):
     os.makedirs(config.logdir, exist_ok=True)
     configlib.redacted(config).save(os.path.join(config.logdir, 'config.yaml'))

@@ -19,7 +19,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', '0')
 # One JAX persistent compilation cache for the whole session, in this
 # process and in every process a test starts (they inherit the variable,
-# which runtime/devices.py prefers to the logdir's cache): the same debug
+# which cluster/devices.py prefers to the logdir's cache): the same debug
 # agent compiles once per session, not once per test. Set it yourself to
 # keep the cache between sessions.
 if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):

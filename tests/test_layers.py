@@ -14,31 +14,46 @@ PACKAGE = Path(dreamer_ver.__file__).parent
 
 # folder ('' = the top-level modules but main.py) -> (forbidden modules,
 # why). A module name covers everything below it.
+COMPONENTS = ('dreamer_ver.replay', 'dreamer_ver.logger', 'dreamer_ver.learner',
+              'dreamer_ver.evaluation', 'dreamer_ver.actor')
+ENTRY = ('dreamer_ver.runtime', 'dreamer_ver.scripts')
 RULES = {
     'rpc': (('dreamer_ver.',), 'a transport library like portal: it imports '
             'nothing from dreamer_ver outside rpc/'),
-    'actor': (('dreamer_ver.rpc', 'dreamer_ver.runtime',
-               'dreamer_ver.scripts'),
+    'cluster': (('dreamer_ver.agent', 'dreamer_ver.envs') + COMPONENTS + ENTRY,
+                'process mechanics: nothing here knows what a component '
+                'does'),
+    'actor': (('dreamer_ver.rpc', 'dreamer_ver.cluster') + COMPONENTS[:-1]
+              + ENTRY,
               'the actor is called by the batch server, it knows no sockets '
               'or processes'),
-    'envs': (('jax', 'flax', 'optax', 'dreamer_ver.agent',
-              'dreamer_ver.actor', 'dreamer_ver.runtime',
-              'dreamer_ver.scripts'),
+    'envs': (('jax', 'flax', 'optax', 'dreamer_ver.agent', 'dreamer_ver.cluster')
+             + COMPONENTS + ENTRY,
              'env processes stay light and start fast'),
-    'replay': (('jax', 'flax', 'optax', 'dreamer_ver.agent',
-                'dreamer_ver.actor', 'dreamer_ver.runtime',
-                'dreamer_ver.scripts'),
-               'replay is plain numpy'),
-    'agent': (('dreamer_ver.runtime', 'dreamer_ver.replay',
-               'dreamer_ver.actor', 'dreamer_ver.rpc',
-               'dreamer_ver.scripts'),
+    'replay': (('jax', 'flax', 'optax', 'dreamer_ver.agent')
+               + COMPONENTS[1:] + ENTRY,
+               'replay is plain numpy; its server knows no other component'),
+    'logger': (('jax', 'flax', 'optax', 'dreamer_ver.agent',
+                'dreamer_ver.replay', 'dreamer_ver.learner',
+                'dreamer_ver.evaluation', 'dreamer_ver.actor') + ENTRY,
+               'the logger only receives rows and metrics'),
+    'learner': (('dreamer_ver.rpc', 'dreamer_ver.cluster', 'dreamer_ver.replay',
+                 'dreamer_ver.logger', 'dreamer_ver.evaluation',
+                 'dreamer_ver.actor') + ENTRY,
+                'the learner gets its links handed in: it trains and '
+                'publishes, it connects nothing'),
+    'evaluation': (('dreamer_ver.replay', 'dreamer_ver.logger',
+                    'dreamer_ver.learner', 'dreamer_ver.actor') + ENTRY,
+                   'evaluation scores params; it needs no other component'),
+    'agent': (('dreamer_ver.rpc', 'dreamer_ver.cluster', 'dreamer_ver.envs')
+              + COMPONENTS + ENTRY,
               'the agent is a library of pure functions'),
     'runtime': (('dreamer_ver.scripts',), 'only main.py imports scripts/'),
     '': (('dreamer_ver.scripts',), 'only main.py imports scripts/'),
 }
 ALLOWED_OWN = {'rpc': 'dreamer_ver.rpc'}  # rpc/ may import itself
 # Ray is an optional extra: only the ray script and the Ray host import it.
-RAY_IMPORTERS = {'runtime/ray_host.py', 'scripts/ray_cluster.py'}
+RAY_IMPORTERS = {'cluster/ray_host.py', 'scripts/ray_cluster.py'}
 
 
 def module_name(path, root):
@@ -107,9 +122,9 @@ def test_only_the_ray_script_and_host_import_ray(tmp_path):
   assert ray_importers(PACKAGE) == RAY_IMPORTERS
   root = tmp_path / 'dreamer_ver'
   shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns('__pycache__'))
-  with (root / 'runtime' / 'supervisor.py').open('a') as f:
+  with (root / 'cluster' / 'supervisor.py').open('a') as f:
     f.write('\n\ndef _offence():\n  from ray import util\n')
-  assert ray_importers(root) == RAY_IMPORTERS | {'runtime/supervisor.py'}
+  assert ray_importers(root) == RAY_IMPORTERS | {'cluster/supervisor.py'}
 
 
 def test_every_folder_of_the_package_has_a_rule():
@@ -123,15 +138,89 @@ def test_the_check_catches_a_broken_rule(tmp_path):
   root = tmp_path / 'dreamer_ver'
   shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns('__pycache__'))
   offences = {
-      'rpc/wire.py': 'from dreamer_ver.runtime import process\n',
+      'rpc/wire.py': 'from dreamer_ver.cluster import links\n',
+      'cluster/links.py': 'from dreamer_ver.replay import server\n',
       'actor/actor.py': 'from dreamer_ver.rpc import client\n',
       'envs/base.py': 'import jax\n',
       'replay/chunk.py': 'from jax import numpy\n',
+      'logger/outputs.py': 'from dreamer_ver.agent import nets\n',
+      'learner/learner.py': 'from dreamer_ver.rpc.client import Client\n',
+      'evaluation/episodes.py': 'from ..actor import actor\n',
       'agent/dists.py': 'from ..replay import build\n',
-      'runtime/devices.py': 'from dreamer_ver.scripts import train\n',
+      'runtime/env_worker.py': 'from dreamer_ver.scripts import train\n',
+      'transitions.py': 'from dreamer_ver.scripts import parallel\n',
   }
   for name, line in offences.items():
     with (root / name).open('a') as f:
       f.write('\n\ndef _offence():\n  ' + line)
   broken = {file for file, _, _ in violations(root)}
   assert broken == set(offences)
+
+
+def import_graph(root):
+  """module -> the package's modules it imports (an imported name counts as
+  the longest module it names; a module's own packages, which `from . import
+  x` names, do not count: Python has them loaded first)."""
+  modules = {module_name(path, root): path for path in root.rglob('*.py')}
+  graph = {}
+  for name, path in modules.items():
+    targets = set()
+    for imported in imports(path, root):
+      while imported and imported not in modules:
+        imported = imported.rpartition('.')[0]
+      if imported and not (name + '.').startswith(imported + '.'):
+        targets.add(imported)
+    graph[name] = targets
+  return graph
+
+
+def cycles(graph):
+  """Every module that lies on an import circle (Tarjan's components of
+  more than one module)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for target in graph[node]:
+      if target not in index:
+        visit(target)
+        low[node] = min(low[node], low[target])
+      elif target in on_stack:
+        low[node] = min(low[node], index[target])
+    if low[node] == index[node]:
+      component = []
+      while True:
+        top = stack.pop()
+        on_stack.discard(top)
+        component.append(top)
+        if top == node:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for node in sorted(graph):
+    if node not in index:
+      visit(node)
+  return found
+
+
+def test_no_module_imports_itself_through_others(tmp_path):
+  assert cycles(import_graph(PACKAGE)) == []
+  root = tmp_path / 'dreamer_ver'
+  shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns('__pycache__'))
+  with (root / 'cluster' / 'signals.py').open('a') as f:
+    f.write('\n\ndef _offence():\n  from dreamer_ver.cluster import links\n')
+  with (root / 'cluster' / 'links.py').open('a') as f:
+    f.write('\n\ndef _offence():\n  from dreamer_ver.cluster import signals\n')
+  assert cycles(import_graph(root)) == [[  # links -> ray_host -> signals
+      'dreamer_ver.cluster.links', 'dreamer_ver.cluster.ray_host',
+      'dreamer_ver.cluster.signals']]
+
+
+def test_no_module_is_longer_than_a_newcomer_reads_at_once():
+  """500 lines: past that, a module holds more than one idea (split it)."""
+  lengths = {path.relative_to(PACKAGE).as_posix(): len(
+      path.read_text().splitlines()) for path in PACKAGE.rglob('*.py')}
+  assert {name: n for name, n in lengths.items() if n > 500} == {}

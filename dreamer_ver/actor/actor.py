@@ -21,8 +21,7 @@ from dreamer_ver.actor.carries import CarryLane, table_step
 from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
-
-META_KEYS = ('is_eval',)
+from dreamer_ver.transitions import META_KEYS, is_log
 
 
 class Actor:
@@ -153,7 +152,7 @@ class Actor:
 def _log_keys(datas):
   """Stacks the `log/` keys that every request of the batch carries."""
   keys = set.intersection(*[
-      {k for k in d if k.startswith('log/')} for d in datas])
+      {k for k in d if is_log(k)} for d in datas])
   logs = {}
   for key in sorted(keys):
     try:

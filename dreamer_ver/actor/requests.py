@@ -13,6 +13,7 @@ import collections
 import numpy as np
 
 from dreamer_ver.actor.carries import CarryFull
+from dreamer_ver.transitions import is_log
 
 MAX_ENVID = 2 ** 31 - 1
 
@@ -29,7 +30,7 @@ def check_request(data, spec, envid=True, meta=()):
     raise RequestError(
         f'request must be a dict of arrays, got {type(data).__name__}')
   expected = set(spec) | ({'envid'} if envid else set())
-  keys = {k for k in data if not k.startswith('log/')}
+  keys = {k for k in data if not is_log(k)}
   missing = sorted(expected - keys)
   extra = sorted(keys - expected - set(meta))
   if missing:

@@ -23,8 +23,7 @@ import threading
 
 import numpy as np
 
-# The one key of a transition batch that is not a column of rows.
-SHIPMENT = 'shipment'
+from dreamer_ver.transitions import SHIPMENT
 
 
 class Shipper:

@@ -17,6 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dreamer_ver.transitions import is_log
+
 from . import behavior
 from . import dists
 from . import heads
@@ -46,7 +48,7 @@ class Agent:
     # `log/` keys are for logging only: the replay and the learner's
     # batches never carry them, so the agent does not know of them.
     self.obs_space = {k: v for k, v in obs_space.items()
-                      if not k.startswith('log/')}
+                      if not is_log(k)}
     self.act_space = {k: v for k, v in act_space.items() if k != 'reset'}
     self.model_space = {k: v for k, v in self.obs_space.items()
                         if k not in RESERVED}

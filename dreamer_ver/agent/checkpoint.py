@@ -101,20 +101,20 @@ class Checkpoint:
     write_json(self.directory / 'counters.json', counters)
 
 
-def restore(agent, config):
-  """(Checkpoint of the logdir, state, counters) to start a run from: the
+def restore(agent, logdir, seed, from_checkpoint=''):
+  """(Checkpoint of `logdir`, state, counters) to start a run from: the
   logdir's checkpoint when it has one (resume), else the state saved at
-  `run.from_checkpoint` with fresh counters (warm start), else a fresh
-  state from `seed`."""
-  ckpt = Checkpoint(config.logdir)
-  state = agent.init_state(agent.init_params(config.seed), config.seed)
+  `from_checkpoint` with fresh counters (warm start), else a fresh state
+  from `seed`."""
+  ckpt = Checkpoint(logdir)
+  state = agent.init_state(agent.init_params(seed), seed)
   counters = {'steps': 0, 'version': 0}
   if ckpt.exists:
     state, counters = ckpt.load(state)
     print(f'Agent resumed at step {counters["steps"]} (params version '
           f'{counters["version"]}) from {ckpt.directory}.', flush=True)
-  elif config.run.from_checkpoint:
-    source = Checkpoint(config.run.from_checkpoint)
+  elif from_checkpoint:
+    source = Checkpoint(from_checkpoint)
     if not source.exists:
       raise FileNotFoundError(
           f'run.from_checkpoint: no checkpoint at '

@@ -9,6 +9,8 @@ boundary where it happens instead of deep inside the learner.
 import elements
 import numpy as np
 
+from dreamer_ver.transitions import is_log
+
 from . import base
 
 
@@ -198,7 +200,7 @@ class CheckSpaces(Wrapper):
     self._check(action, self.env.act_space, 'action')
     obs = self.env.step(action)
     spaces = {k: v for k, v in self.env.obs_space.items()
-              if k in obs or not k.startswith('log/')}
+              if k in obs or not is_log(k)}
     self._check(obs, spaces, 'observation')
     return obs
 

@@ -62,15 +62,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamer_ver.transitions import RESERVED_KEYS, is_log
+
 from . import chunk as chunklib
 from . import selectors as selectorlib
 from .persistence import Persistence
 
 
 STEPID_BYTES = chunklib.UUID_BYTES + 4
-
-# Keys the buffer produces itself; callers' values for them are dropped.
-RESERVED_KEYS = ('stepid', 'consec')
 
 
 class Replay(Persistence):
@@ -468,7 +467,7 @@ def _prepare_step(step):
   for key, value in step.items():
     if not isinstance(key, str):
       raise ValueError(f'Step keys must be strings, got {key!r}.')
-    if key.startswith('log/') or key in RESERVED_KEYS:
+    if is_log(key) or key in RESERVED_KEYS:
       continue
     if key == chunklib.TIME_KEY:
       raise ValueError(f'Step key {key!r} is reserved for row times.')

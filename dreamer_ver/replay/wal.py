@@ -1,6 +1,6 @@
 """A write-ahead log: records that must survive a kill between checkpoints.
 
-The replay server (``runtime/replay_server.py``) logs what it stores so that
+The replay server (``replay/server.py``) logs what it stores so that
 every row it acknowledged is back after a SIGKILL, not only the rows of its
 last checkpoint.
 

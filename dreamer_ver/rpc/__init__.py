@@ -27,7 +27,7 @@ from .batch_server import BatchServer, Request
 from .blocking_client import BlockingClient
 from .client import Client, Dropped
 from .server import Server
-from .shm import ShmClient
+from .shm_client import ShmClient
 from .thread_transport import ThreadClient
 
 __all__ = [

@@ -8,7 +8,7 @@ only clients presenting the same token.
 
 A client's address may also be a function returning 'host:port' (or None
 while unknown): it is called again before every connection attempt, so a
-control plane that moves a server to another host (`runtime/ray_host.py`)
+control plane that moves a server to another host (`cluster/ray_host.py`)
 can tell the clients where it went.
 """
 

@@ -28,16 +28,15 @@ from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.cluster import devices
+from dreamer_ver.cluster.links import connect, resolve, server_kwargs
+from dreamer_ver.cluster.signals import StopSignal, every
+from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
-from dreamer_ver.rpc import shm
+from dreamer_ver.evaluation.worker import PeriodicEvaluation
+from dreamer_ver.learner.learner import Learner, loggable
+from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.batch_server import BatchServer
-from dreamer_ver.rpc.client import Client
-from dreamer_ver.runtime import devices
-from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
-from dreamer_ver.runtime.learner import Learner, loggable
-from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, every, peer, resolve, server_kwargs,
-    with_token)
 
 
 def build_agent(config):
@@ -59,10 +58,9 @@ def build_actor(config, agent, store, counters):
   actor = Actor(
       agent, store, slots=max(envs, largest),
       buckets=preemption.bucket_sizes(run, largest), seed=config.seed,
-      replay=Client(peer(run.replay_addr), 'ActorReplay', maxinflight=8,
-                    **client_kwargs(config)),
-      logger=Client(peer(run.logger_addr), 'ActorLogger', maxinflight=8,
-                    when_full='drop', **client_kwargs(config)))
+      replay=connect(config, 'replay', 'ActorReplay', maxinflight=8),
+      logger=connect(config, 'logger', 'ActorLogger', maxinflight=8,
+                     when_full='drop'))
   actor.shipper.served = actor.shipper.stored = counters['steps']
   inference = actor.compile()  # seconds per bucket, one dict per lane
   for lane, times in enumerate(inference):
@@ -72,7 +70,7 @@ def build_actor(config, agent, store, counters):
       preemption.make_cutoff(run, envs, actor.buckets, times, len(inference))
       for times in inference]
   transports = ('tcp',) if run.actor_transport == 'tcp' or not (
-      shm.available()) else ('tcp', 'shm')
+      shm_protocol.available()) else ('tcp', 'shm')
   server = BatchServer(
       run.actor_addr, actor.handle, cutoffs, postfn=actor.post,
       workers=run.actor_threads, name='Actor', transports=transports,
@@ -85,8 +83,7 @@ def build_learner(config, agent, state, store, ckpt, counters, logger,
   """The learner on the train devices, compiled."""
   learner = Learner(
       agent, state, store, config,
-      replay=Client(peer(config.run.replay_addr), 'LearnerReplay',
-                    maxinflight=8, **client_kwargs(config)),
+      replay=connect(config, 'replay', 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters, devices=train_devices)
   learner.compile()
   print('Learner compiled.')
@@ -110,12 +107,13 @@ def run_agent(config, stop=None):
   stop = stop if stop is not None else StopSignal()
   policy_devices, train_devices = devices.setup(config)
   agent = build_agent(config)
-  ckpt, state, counters = checkpoint.restore(agent, config)
+  ckpt, state, counters = checkpoint.restore(
+      agent, config.logdir, config.seed, config.run.from_checkpoint)
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
   actor, server = build_actor(config, agent, store, counters)
-  logger = Client(peer(run.logger_addr), 'LearnerLogger', maxinflight=2,
-                  when_full='drop', **client_kwargs(config))
+  logger = connect(config, 'logger', 'LearnerLogger', maxinflight=2,
+                   when_full='drop')
   learner = build_learner(config, agent, state, store, ckpt, counters, logger,
                           train_devices)
   shipper = actor.shipper
@@ -145,8 +143,7 @@ def run_agent(config, stop=None):
   evaluation = None
   if run.eval_every > 0:
     # A link of its own that waits rather than drops: its rows are rare.
-    eval_logger = Client(peer(run.logger_addr), 'EvalLogger', maxinflight=2,
-                         **client_kwargs(config))
+    eval_logger = connect(config, 'logger', 'EvalLogger', maxinflight=2)
     evaluation = PeriodicEvaluation(
         config, lambda: jax.device_get(store.latest()), lambda: store.version,
         lambda metrics: eval_logger.add(loggable(metrics))).start()
@@ -209,7 +206,7 @@ def run_agent(config, stop=None):
 
 def run_learner(config, stop=None):
   """A learner process of a multi-host run (`jax.process_id` > 0; see
-  runtime/learner.py): trains its share of every batch in lockstep with the
+  learner/learner.py): trains its share of every batch in lockstep with the
   agent process until the agent's learner stops, or SIGINT/SIGTERM (or
   `stop`) stops this one, which stops them all. Returns 0, or 1 when the
   agent stopped for a failure (it restarts, and this process must restart
@@ -250,8 +247,7 @@ def release_last_shipments(config, shipper, timeout=5.0):
   replay holds."""
   if shipper.replay is None:
     return
-  client = Client(peer(config.run.replay_addr), 'AgentRelease',
-                  maxinflight=1, **client_kwargs(config))
+  client = connect(config, 'replay', 'AgentRelease', maxinflight=1)
   try:
     client.release_inserts(np.int64(shipper.sender)).result(timeout=timeout)
   except Exception as error:

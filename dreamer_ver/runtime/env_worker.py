@@ -14,12 +14,14 @@ worker reconnects by itself and starts fresh episodes (the actor sees
 import numpy as np
 from portal.client_socket import Disconnected
 
+from dreamer_ver.cluster.links import peer
+from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.envs import make_run_env
-from dreamer_ver.rpc import shm
-from dreamer_ver.rpc.addresses import split_addr
+from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.addresses import handshake as token_handshake
+from dreamer_ver.rpc.addresses import split_addr
 from dreamer_ver.rpc.blocking_client import BlockingClient
-from dreamer_ver.runtime.process import StopSignal, peer
+from dreamer_ver.rpc.shm_client import ShmClient
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -83,7 +85,7 @@ def actor_client(config, act_space):
   if uses_shm(config.run):
     reply = {k: (s.shape, s.dtype) for k, s in act_space.items()}
     reply['reset'] = ((), bool)
-    return shm.ShmClient(config.run.actor_addr, reply, handshake=handshake)
+    return ShmClient(config.run.actor_addr, reply, handshake=handshake)
   return BlockingClient(peer(config.run.actor_addr), handshake=handshake)
 
 
@@ -91,7 +93,7 @@ def uses_shm(run):
   if run.actor_transport != 'auto':
     return run.actor_transport == 'shm'
   addr = str(run.actor_addr)
-  return (shm.available() and not callable(peer(addr)) and
+  return (shm_protocol.available() and not callable(peer(addr)) and
           split_addr(addr)[0] in ('localhost', '127.0.0.1', '::1'))
 
 

@@ -11,7 +11,7 @@
   reported with the keys that differ.
 * Episodes: `run.steps` is the number of episodes to run in total (not env
   steps; e.g. `--run.steps 10`). They are split evenly over
-  max(1, min(`run.eval_envs`, episodes)) envs built in this process, env i
+  max(1, min(`run.eval_worker_envs`, episodes)) envs built in this process, env i
   running its share to the end, so short episodes are not over-represented.
   `run.duration` (seconds, 0 = none) stops early; unfinished episodes are not
   reported.
@@ -23,8 +23,8 @@
 * Output: one line per episode and a summary on stdout, and one JSON line per
   episode appended to `logdir/eval_scores.jsonl`: step (the checkpoint's env
   steps), env, episode, score, length, eval (true), mode, time.
-* The episode loop is `runtime/evaluation.py`'s, the one the EvalWorker
-  (`runtime/eval_worker.py`) runs during training.
+* The episode loop is `evaluation/episodes.py`'s, the one the EvalWorker
+  (`evaluation/worker.py`) runs during training.
 """
 
 import json
@@ -37,8 +37,8 @@ import numpy as np
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.agent.checkpoint import Checkpoint, CheckpointMismatch
 from dreamer_ver.envs import make_run_env
-from dreamer_ver.runtime import devices
-from dreamer_ver.runtime.evaluation import episode_shares, run_episodes
+from dreamer_ver.cluster import devices
+from dreamer_ver.evaluation.episodes import episode_shares, run_episodes
 
 
 def eval_only(config):
@@ -59,7 +59,7 @@ def eval_only(config):
           f'got {config.run.steps}', file=sys.stderr)
     return 2
 
-  count = max(1, min(int(config.run.eval_envs), episodes))
+  count = max(1, min(int(config.run.eval_worker_envs), episodes))
   envs = [make_run_env(config, config.run.envs + i) for i in range(count)]
   try:
     device = devices.setup(config)[0][0]  # the first policy device

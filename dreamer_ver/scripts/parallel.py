@@ -22,16 +22,14 @@ processes that start them never load JAX.
 
 import sys
 
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.cluster.supervisor import Supervisor
+from dreamer_ver.cluster.targets import AGENT, ENVS, LEARNER, LOGGER, REPLAY
+from dreamer_ver.cluster.token import with_token
+from dreamer_ver.logger.outputs import missing
 from dreamer_ver.rpc.addresses import fill_auto_ports, handshake
 from dreamer_ver.runtime.env_worker import fleets, run_env
-from dreamer_ver.runtime.outputs import missing
-from dreamer_ver.runtime.process import StopSignal, with_token
-from dreamer_ver.runtime.supervisor import Children
 
-AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
-LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
-REPLAY = 'dreamer_ver.runtime.replay_server:serve_replay'
-LOGGER = 'dreamer_ver.runtime.logger_server:serve_logger'
 
 SERVERS_STOP_LAST = 1  # envs and agent stop first, so the servers save all
 
@@ -104,7 +102,7 @@ def _supervised(config, name, target, probe=None):
 def _children(config):
   """A supervisor with the run's crash-loop limit, and heartbeats with its
   token and `run.peer_timeout` (needs `with_token` first)."""
-  return Children(crash_limit=config.run.crash_limit,
+  return Supervisor(crash_limit=config.run.crash_limit,
                   crash_window=config.run.crash_window,
                   peer_timeout=config.run.peer_timeout,
                   handshake=handshake(config.run.token))
@@ -139,5 +137,5 @@ def _with_ports(config):
 
 def _start_env_workers(children, config, offset):
   for name, ids, is_eval in fleets(config.run, offset):
-    children.start(name, 'dreamer_ver.runtime.env_worker:run_envs',
+    children.start(name, ENVS,
                    config, ids, is_eval, restart=config.run.restart_envs)

@@ -8,7 +8,7 @@ Ray is the control plane: it places the logger, the replay, the agent
 > 1 the other learner processes of a multi-host learner (`learner1`, ...;
 placed like the agent and spread over the nodes), one env fleet per
 `run.envs_per_worker` envs and, with `run.eval_every`, the agent's eval
-worker (`runtime/eval_worker.py`; the agent creates it, so it goes when
+worker (`evaluation/worker.py`; the agent creates it, so it goes when
 the agent goes), restarts whatever dies (on another node when a node is
 gone), and tells the components where the others serve: the learners find
 JAX's coordinator where the agent's Host serves it. The data
@@ -32,14 +32,12 @@ import sys
 import time
 
 from dreamer_ver.runtime.env_worker import fleets
-from dreamer_ver.runtime.outputs import missing
-from dreamer_ver.runtime.process import RAY_PREFIX, StopSignal, with_token
+from dreamer_ver.logger.outputs import missing
+from dreamer_ver.cluster.links import RAY_PREFIX
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.cluster.targets import AGENT, ENVS, LEARNER, LOGGER, REPLAY
+from dreamer_ver.cluster.token import with_token
 
-AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
-LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
-REPLAY = 'dreamer_ver.runtime.replay_server:serve_replay'
-LOGGER = 'dreamer_ver.runtime.logger_server:serve_logger'
-ENVS = 'dreamer_ver.runtime.env_worker:run_envs'
 
 STOP_SECONDS = 15  # per group: a component's save, before it is removed
 PLACE_SECONDS = 60  # then the driver says which components wait for room
@@ -92,7 +90,7 @@ def start_run(config, hosts):
   env fleets."""
   import ray
 
-  from dreamer_ver.runtime import ray_host
+  from dreamer_ver.cluster import ray_host
 
   r = config.ray
   hosts['logger'] = ray_host.start(

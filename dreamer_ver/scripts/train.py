@@ -7,7 +7,7 @@ service that counts steps and episodes and writes `metrics.jsonl` and
 `scores.jsonl` -- so it is also the reference the parallel runtime is
 compared against.
 
-With `run.eval_every`, an EvalWorker process (`runtime/eval_worker.py`)
+With `run.eval_every`, an EvalWorker process (`evaluation/worker.py`)
 scores the params this loop publishes every `run.eval_every` seconds, on
 its own thread; its rows join the next metrics write. SIGINT or SIGTERM
 ends the loop after its step; the run saves and exits 0 like the others.
@@ -24,13 +24,14 @@ import numpy as np
 
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.cluster import devices
+from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.envs import make_run_env
+from dreamer_ver.evaluation.worker import PeriodicEvaluation
 from dreamer_ver.files import write_json
+from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.replay import build
-from dreamer_ver.runtime import devices
-from dreamer_ver.runtime.eval_worker import PeriodicEvaluation
-from dreamer_ver.runtime.logger_server import LoggerService
-from dreamer_ver.runtime.process import StopSignal, every
+from dreamer_ver.transitions import is_log
 
 
 def train(config):
@@ -48,7 +49,8 @@ def _train(config, stop):
   _, (device,) = devices.setup(config)
   envs = [make_run_env(config, i) for i in range(run.envs)]
   agent = Agent(envs[0].obs_space, envs[0].act_space, config)
-  ckpt, state, counters = checkpoint.restore(agent, config)
+  ckpt, state, counters = checkpoint.restore(
+      agent, config.logdir, config.seed, config.run.from_checkpoint)
   state = jax.device_put(state, device)
   replay = build.train_replay(config, logdir)
   replay.load()
@@ -96,8 +98,8 @@ def _train(config, stop):
       obs = [env.step({k: v[i] for k, v in acts.items()})
              for i, env in enumerate(envs)]
       obs = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
-      logs = {k: v for k, v in obs.items() if k.startswith('log/')}
-      obs = {k: v for k, v in obs.items() if not k.startswith('log/')}
+      logs = {k: v for k, v in obs.items() if is_log(k)}
+      obs = {k: v for k, v in obs.items() if not is_log(k)}
       key, policy_key = jax.random.split(key)
       carry, act, outs = agent.policy(state['params'], carry, obs, policy_key)
       act, outs = jax.device_get((act, outs))

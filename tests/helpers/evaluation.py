@@ -23,7 +23,7 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', str(LENGTH),
          '--env.synthetic.step_time', str(STEP_TIME),
          '--agent.rssm.unimix', '0', '--agent.policy.unimix', '0',
-         '--run.eval_envs', '2']
+         '--run.eval_worker_envs', '2']
 MARGIN = 100.0  # logit gap: no other class keeps any probability
 
 
@@ -89,7 +89,7 @@ def poll_from_another_process(name, logdir):
   logdir).poll()` gets in a fresh Python process."""
   script = (
       'import json, sys\n'
-      'from dreamer_ver.runtime.eval_worker import EvalWorker\n'
+      'from dreamer_ver.evaluation.worker import EvalWorker\n'
       'worker = EvalWorker.from_name(sys.argv[1], sys.argv[2])\n'
       'result = worker.poll(timeout=120)\n'
       'print(json.dumps([result["version"], result["scores"]]))\n'

@@ -19,10 +19,11 @@ import pytest
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
-from dreamer_ver.runtime import logger_server, replay_server
+from dreamer_ver.logger import server as logger_server
+from dreamer_ver.replay import server as replay_server
 from dreamer_ver.rpc.addresses import free_port
-from dreamer_ver.runtime.process import StopSignal
-from dreamer_ver.runtime.replay_server import Closing, ReplayService
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.replay.service import Closing, ReplayService
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
 
@@ -379,7 +380,7 @@ def test_server_round_trip_and_sigterm(tmp_path):
   code = (
       'import sys, json\n'
       'from dreamer_ver.config import compose\n'
-      'from dreamer_ver.runtime.replay_server import serve_replay\n'
+      'from dreamer_ver.replay.server import serve_replay\n'
       'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
   values = {
       'logdir': str(tmp_path), 'batch_size': B, 'batch_length': T,

@@ -25,8 +25,8 @@ from dreamer_ver.replay import Unlimited
 from dreamer_ver.replay import wal as wallib
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.client import Client
-from dreamer_ver.runtime import replay_server
-from dreamer_ver.runtime.replay_server import Closing, ReplayService
+from dreamer_ver.replay import service as replay_service
+from dreamer_ver.replay.service import Closing, ReplayService
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
 TRAIN_ENVS, EVAL_ENV = (0, 1, 2), 9
@@ -289,7 +289,7 @@ def test_save_interrupted_before_its_checkpoint_adds_no_row_twice(
 
   def crash(path, data):
     raise KeyboardInterrupt('killed before the json')
-  monkeypatch.setattr(replay_server, 'write_json', crash)
+  monkeypatch.setattr(replay_service, 'write_json', crash)
   with pytest.raises(KeyboardInterrupt):
     service.save()
   monkeypatch.undo()
@@ -378,7 +378,7 @@ def test_a_recovery_interrupted_by_a_kill_adds_no_row_twice(
   service, loaded = reopen(config)
   assert loaded['logged_rows'] == len(train) + len(evals)
   more_train, _ = fill(service.add_batch, 2, start=6)
-  monkeypatch.setattr(replay_server, 'write_json', lambda path, data: 1 / 0)
+  monkeypatch.setattr(replay_service, 'write_json', lambda path, data: 1 / 0)
   with pytest.raises(ZeroDivisionError):
     service.save()
   monkeypatch.undo()
@@ -514,7 +514,7 @@ def test_mode_off_loses_what_was_not_saved(tmp_path):
 SERVE = (
     'import sys, json\n'
     'from dreamer_ver.config import compose\n'
-    'from dreamer_ver.runtime.replay_server import serve_replay\n'
+    'from dreamer_ver.replay.server import serve_replay\n'
     'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
 
 

@@ -22,7 +22,7 @@ import pytest
 from dreamer_ver.actor import preemption
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.addresses import free_port
-from dreamer_ver.rpc.shm import ShmClient
+from dreamer_ver.rpc.shm_client import ShmClient
 
 TIMEOUT = 5.0
 TRANSPORTS = ('tcp', 'shm', 'thread')

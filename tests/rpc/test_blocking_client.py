@@ -9,7 +9,7 @@ from portal.client_socket import Disconnected
 
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.addresses import free_port
-from dreamer_ver.runtime.process import StopSignal
+from dreamer_ver.cluster.signals import StopSignal
 
 
 def test_round_trip_errors_and_disconnect_against_portal_server():

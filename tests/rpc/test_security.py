@@ -17,8 +17,9 @@ from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
-from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, server_kwargs, with_token)
+from dreamer_ver.cluster.links import client_kwargs, server_kwargs
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.cluster.token import with_token
 
 
 def _handshake(config):

@@ -1,4 +1,4 @@
-"""The shared-memory transport's own contract (`rpc/shm.py`): what a bad or
+"""The shared-memory transport's own contract (`rpc/shm*.py`): what a bad or
 dying client can and cannot do to the server and to everyone else.
 
 The transport-independent behaviour (routing by value, cutoffs, errors,
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from dreamer_ver.actor import preemption
-from dreamer_ver.rpc import shm
+from dreamer_ver.rpc import shm_protocol as protocol
+from dreamer_ver.rpc.shm_client import ShmClient
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.batch_server import BatchServer
 
@@ -50,7 +51,7 @@ def serving(handler, **kwargs):
 
 def client(addr, space=SPACE, handshake='portal_handshake'):
   """A ShmClient and whether it connected within 2 s."""
-  c = shm.ShmClient(addr, space, handshake)
+  c = ShmClient(addr, space, handshake)
   give_up = threading.Event()
   timer = threading.Timer(2.0, give_up.set)
   timer.start()
@@ -91,7 +92,7 @@ class Waits:
 
 def test_a_wrong_token_is_refused_and_others_are_served(capfd):
   with serving(Recorder(), handshake='dreamer_ver:secret') as (server, addr):
-    intruder = shm.ShmClient(addr, SPACE, 'dreamer_ver:guess')
+    intruder = ShmClient(addr, SPACE, 'dreamer_ver:guess')
     waits = Waits(5)
     assert not intruder.connect(waits)
     # Refused each time, it asks again twice as late, and says so once.
@@ -140,7 +141,7 @@ def test_a_client_killed_mid_write_hands_nothing_over_and_frees_its_id():
 def raw(addr, handshake=b'portal_handshake'):
   sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   sock.settimeout(TIMEOUT)
-  sock.connect(shm.endpoint(addr))
+  sock.connect(protocol.endpoint(addr))
   sock.send(b'H' + handshake)
   assert sock.recv(16) == b'A'
   return sock
@@ -152,9 +153,9 @@ def attach(sock, layout, sealed=True, size=4096, method='act', index=0):
     os.ftruncate(fd, size)
     if sealed:
       import fcntl
-      fcntl.fcntl(fd, fcntl.F_ADD_SEALS, shm._SEALS)
+      fcntl.fcntl(fd, fcntl.F_ADD_SEALS, protocol.SEALS)
     spec = json.dumps({'method': method, **layout}).encode()
-    socket.send_fds(sock, [b'S' + shm._SLOT.pack(index) + spec], [fd])
+    socket.send_fds(sock, [b'S' + protocol.SLOT.pack(index) + spec], [fd])
     return sock.recv(4096), mmap.mmap(fd, size)
   finally:
     os.close(fd)
@@ -178,7 +179,7 @@ def test_bad_slots_are_refused_with_a_reason(case, answer):
       assert got[:1] == b'E' and answer in got, got
       # The connection stays usable: a good slot, then a call.
       got, _ = attach(sock, LAYOUT)
-      assert got == b'A' + shm._SLOT.pack(0)
+      assert got == b'A' + protocol.SLOT.pack(0)
     assert server.error is None
     assert server.stats()['errors'] == 1
 
@@ -186,7 +187,7 @@ def test_bad_slots_are_refused_with_a_reason(case, answer):
 def test_a_slot_of_more_rows_than_the_cap_is_refused():
   # The per-row byte limit scales with the rows a client declares: without
   # a cap, one slot could be any size (the memory is sparse until used).
-  rows = shm.MAX_ROWS + 1
+  rows = protocol.MAX_ROWS + 1
   layout = {'request': [['x', [rows, 2], '<i8'], ['envid', [rows], '<i8']],
             'reply': [['y', [rows, 2], '<i8']]}
   with serving(Recorder()) as (server, addr):
@@ -198,10 +199,10 @@ def test_a_slot_of_more_rows_than_the_cap_is_refused():
 def test_a_connection_may_map_only_so_many_slots():
   with serving(Recorder()) as (server, addr):
     with contextlib.closing(raw(addr)) as sock:
-      for index in range(shm.MAX_SLOTS):
+      for index in range(protocol.MAX_SLOTS):
         got, _ = attach(sock, LAYOUT, index=index)
-        assert got == b'A' + shm._SLOT.pack(index)
-      got, _ = attach(sock, LAYOUT, index=shm.MAX_SLOTS)
+        assert got == b'A' + protocol.SLOT.pack(index)
+      got, _ = attach(sock, LAYOUT, index=protocol.MAX_SLOTS)
       assert got[:1] == b'E' and b'slots' in got, got
 
 
@@ -214,16 +215,16 @@ def test_a_second_call_in_a_busy_slot_and_garbage_cost_only_the_caller():
 
   with serving(slow) as (server, addr):
     with contextlib.closing(raw(addr)) as sock:
-      assert attach(sock, LAYOUT)[0] == b'A' + shm._SLOT.pack(0)
-      sock.send(shm._CALL.pack(b'R', 0, 1))
-      sock.send(shm._CALL.pack(b'R', 0, 2))  # Same slot, still in flight.
+      assert attach(sock, LAYOUT)[0] == b'A' + protocol.SLOT.pack(0)
+      sock.send(protocol.CALL.pack(b'R', 0, 1))
+      sock.send(protocol.CALL.pack(b'R', 0, 2))  # Same slot, still in flight.
       reply = sock.recv(4096)
-      assert shm._REPLY.unpack(reply[:17])[1:] == (2, 4)
+      assert protocol.REPLY.unpack(reply[:17])[1:] == (2, 4)
       assert b'in flight' in reply
-      sock.send(shm._CALL.pack(b'R', 9, 3))  # No such slot.
+      sock.send(protocol.CALL.pack(b'R', 9, 3))  # No such slot.
       assert b'no such slot' in sock.recv(4096)
       gate.set()
-      assert shm._REPLY.unpack(sock.recv(4096)[:17])[1:] == (1, 0)
+      assert protocol.REPLY.unpack(sock.recv(4096)[:17])[1:] == (1, 0)
       sock.send(b'?garbage')  # Not the protocol: only this link closes.
       assert sock.recv(4096) == b''
     good, _ = client(addr)
@@ -257,7 +258,7 @@ def test_the_socket_is_a_path_only_this_user_can_reach_and_goes_with_its_server(
   # An abstract socket name can be bound by any local user first: that
   # squatter would receive the token of every env client.
   with serving(Recorder()) as (server, addr):
-    path = shm.endpoint(addr)
+    path = protocol.endpoint(addr)
     folder = os.path.dirname(path)
     info = os.stat(folder)
     assert path.startswith('/') and os.path.exists(path)
@@ -275,13 +276,13 @@ def test_a_socket_folder_others_can_enter_is_refused(tmp_path, monkeypatch):
   folder.mkdir(mode=0o777)
   folder.chmod(0o777)
   with pytest.raises(PermissionError, match='0700'):
-    shm.endpoint('127.0.0.1:1234')
+    protocol.endpoint('127.0.0.1:1234')
 
 
 def test_a_stale_socket_file_of_a_killed_server_does_not_block_the_next():
   addr = f'127.0.0.1:{free_port()}'
   stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-  stale.bind(shm.endpoint(addr))  # Left behind: nobody listens on it.
+  stale.bind(protocol.endpoint(addr))  # Left behind: nobody listens on it.
   stale.close()
   server = BatchServer(addr, Recorder(), preemption.Fixed(1),
                        transports=('shm',)).start()

@@ -44,7 +44,7 @@ def test_eval_only_from_the_command_line(run_dir, tmp_path, capsys):
   code = mainlib.main([
       '--script', 'eval_only', *FLAGS, '--logdir', str(out),
       '--run.from_checkpoint', str(run_dir), '--run.steps', '5',
-      '--run.eval_envs', '2'])
+      '--run.eval_worker_envs', '2'])
   assert code == 0
   records = read(out / 'eval_scores.jsonl')
   assert len(records) == 5
@@ -61,7 +61,7 @@ def test_eval_only_from_the_ckpt_folder_sampled_and_random(run_dir, tmp_path):
   out = tmp_path / 'eval'
   config = configlib.load_config([
       *FLAGS, '--logdir', str(out), '--run.from_checkpoint',
-      str(run_dir / 'ckpt'), '--run.steps', '3', '--run.eval_envs', '4',
+      str(run_dir / 'ckpt'), '--run.steps', '3', '--run.eval_worker_envs', '4',
       '--run.eval_mode', 'sample'])
   assert eval_only.eval_only(config) == 0
   records = read(out / 'eval_scores.jsonl')

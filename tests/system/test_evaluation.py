@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from dreamer_ver.runtime.eval_worker import (
+from dreamer_ver.evaluation.worker import (
     EvalWorker, PeriodicEvaluation, record_path)
 from helpers.evaluation import (  # noqa: F401  (config, agent: fixtures)
     LENGTH, agent, config, cue_params, poll_from_another_process)

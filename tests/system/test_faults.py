@@ -318,7 +318,7 @@ import importlib.abc, importlib.util, os, sys
 
 class _Hook(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path, target=None):
-    if name != 'dreamer_ver.runtime.learner':
+    if name != 'dreamer_ver.learner.learner':
       return None
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(name)

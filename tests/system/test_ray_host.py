@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip('ray')
-from dreamer_ver.runtime import ray_host  # noqa: E402
+from dreamer_ver.cluster import ray_host  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 

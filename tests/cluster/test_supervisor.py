@@ -1,4 +1,4 @@
-"""The supervisor of child processes (runtime/supervisor.py) and how the
+"""The supervisor of child processes (cluster/supervisor.py) and how the
 agent process names its first failure (runtime/agent_process.py)."""
 
 import os
@@ -17,7 +17,7 @@ from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 
 def _wait_for_stop(config, ready):
   """A child that runs until SIGTERM/SIGINT, then exits 0."""
-  from dreamer_ver.runtime.process import StopSignal
+  from dreamer_ver.cluster.signals import StopSignal
   stop = StopSignal()
   Path(ready).write_text('ready')
   while not stop.wait(0.1):
@@ -27,8 +27,8 @@ def _wait_for_stop(config, ready):
 
 def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
   from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children()
+  from dreamer_ver.cluster.supervisor import Supervisor
+  children = Supervisor()
   ready = tmp_path / 'ready'
   proc = children.start('env0', f'{__name__}:_wait_for_stop',
                         SimpleNamespace(logdir=str(tmp_path)), str(ready))
@@ -49,8 +49,8 @@ def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
 
 def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
   from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children(backoff=(0.0, 0.0))
+  from dreamer_ver.cluster.supervisor import Supervisor
+  children = Supervisor(backoff=(0.0, 0.0))
   ready = tmp_path / 'ready'
   proc = children.start('env0', f'{__name__}:_wait_for_stop',
                         SimpleNamespace(logdir=str(tmp_path)), str(ready))
@@ -76,8 +76,8 @@ def _crash(config):
 
 def test_restart_policy_is_a_parameter_of_start(tmp_path):
   from types import SimpleNamespace
-  from dreamer_ver.runtime.supervisor import Children
-  children = Children(backoff=(0.0, 0.0))
+  from dreamer_ver.cluster.supervisor import Supervisor
+  children = Supervisor(backoff=(0.0, 0.0))
   config = SimpleNamespace(logdir=str(tmp_path))
   kept = children.start('kept', f'{__name__}:_crash', config)
   left = children.start('left', f'{__name__}:_crash', config, restart=False)
@@ -123,14 +123,14 @@ class _FakeProc:
 
 
 def test_backoff_doubles_while_a_child_crashes_and_resets_once_it_ran_stably():
-  from dreamer_ver.runtime.supervisor import Children
+  from dreamer_ver.cluster.supervisor import Supervisor
   now = [0.0]
 
-  class FakeChildren(Children):
+  class FakeSupervisor(Supervisor):
     def _spawn(self, name, target, config, args):
       return _FakeProc()
 
-  children = FakeChildren(backoff=(1.0, 30.0), stable=60.0,
+  children = FakeSupervisor(backoff=(1.0, 30.0), stable=60.0,
                           clock=lambda: now[0])
   children.start('agent', 'unused:target', None)
   waits = []
@@ -159,10 +159,10 @@ def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever
   damaged checkpoint, a bad flag: it will always fail) is not restarted
   again; waiting on the run returns non-zero at once. Crashes spread wider
   than the window are restarted, however many."""
-  from dreamer_ver.runtime.supervisor import Children
+  from dreamer_ver.cluster.supervisor import Supervisor
   now = [0.0]
 
-  class FakeChildren(Children):
+  class FakeSupervisor(Supervisor):
     def _spawn(self, name, target, config, args):
       return _FakeProc()
 
@@ -173,7 +173,7 @@ def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever
       now[0] = children.due[name]
       children.supervise()
 
-  spread = FakeChildren(backoff=(1.0, 1.0), clock=lambda: now[0],
+  spread = FakeSupervisor(backoff=(1.0, 1.0), clock=lambda: now[0],
                         crash_limit=3, crash_window=60.0)
   spread.start('replay', 'unused:target', None)
   for _ in range(6):
@@ -181,7 +181,7 @@ def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever
     crash(spread, 'replay')
   assert spread.restarts['replay'] == 6 and spread.gave_up is None
 
-  loop = FakeChildren(backoff=(1.0, 1.0), clock=lambda: now[0],
+  loop = FakeSupervisor(backoff=(1.0, 1.0), clock=lambda: now[0],
                       crash_limit=3, crash_window=60.0)
   loop.start('replay', 'unused:target', None)
   loop.start('agent', 'unused:target', None)
@@ -200,8 +200,8 @@ SUPERVISOR = '''
 import sys, time
 from types import SimpleNamespace
 sys.path[:0] = sys.argv[3:]
-from dreamer_ver.runtime.supervisor import Children
-children = Children()
+from dreamer_ver.cluster.supervisor import Supervisor
+children = Supervisor()
 proc = children.start('replay', 'test_supervisor:_wait_for_stop',
                       SimpleNamespace(logdir=sys.argv[1]), sys.argv[2])
 print(proc.pid, flush=True)
@@ -214,7 +214,7 @@ def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(tmp_path):
   as on SIGTERM) within seconds, and its role's lock on the logdir is free
   for the next owner."""
   import subprocess
-  from dreamer_ver.runtime.supervisor import lock_role
+  from dreamer_ver.cluster.supervisor import lock_role
   ready = tmp_path / 'ready'
   here = str(Path(__file__).parent)
   supervisor = subprocess.Popen(
@@ -244,7 +244,7 @@ def _alive(pid):
 def _serve_until_stopped(config, port):
   """A child that serves heartbeats at `port` until SIGTERM/SIGINT."""
   from dreamer_ver.rpc.server import Server
-  from dreamer_ver.runtime.process import StopSignal
+  from dreamer_ver.cluster.signals import StopSignal
   stop = StopSignal()
   server = Server(port, 'Child', host='127.0.0.1').start()
   while not stop.wait(0.1):
@@ -259,9 +259,9 @@ def test_a_hung_child_is_killed_named_and_restarted(tmp_path, capfd):
   heartbeat tells) is killed and restarted."""
   from types import SimpleNamespace
   from dreamer_ver.rpc.addresses import free_port
-  from dreamer_ver.runtime.supervisor import Children
+  from dreamer_ver.cluster.supervisor import Supervisor
   port = free_port()
-  children = Children(backoff=(0.0, 0.0), peer_timeout=2.0)
+  children = Supervisor(backoff=(0.0, 0.0), peer_timeout=2.0)
   proc = children.start('replay', f'{__name__}:_serve_until_stopped',
                         SimpleNamespace(logdir=str(tmp_path)), port,
                         probe=f'127.0.0.1:{port}')

@@ -12,7 +12,7 @@ import pytest
 
 from dreamer_ver import config as configlib
 from dreamer_ver import validation
-from dreamer_ver.runtime import devices
+from dreamer_ver.cluster import devices
 
 SCRIPT = textwrap.dedent('''
     import sys
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent('''
     from dreamer_ver import config as configlib
     from dreamer_ver.agent.agent import Agent, policy_params
     from dreamer_ver.envs import make_env
-    from dreamer_ver.runtime import devices
+    from dreamer_ver.cluster import devices
     from dreamer_ver.actor.actor import Actor
     from dreamer_ver.actor.params import ParamsStore
 
@@ -153,7 +153,7 @@ CACHE_SCRIPT = textwrap.dedent('''
     import sys
     import jax, jax.numpy as jnp
     from dreamer_ver import config as configlib
-    from dreamer_ver.runtime import devices
+    from dreamer_ver.cluster import devices
 
     def run(logdir, cache, scale):
       devices.setup(configlib.compose(['debug'], {

@@ -10,7 +10,7 @@ from helpers.agent import make_batch, small_config, vector_spaces
 
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent.agent import Agent, policy_params
-from dreamer_ver.runtime.learner import Learner
+from dreamer_ver.learner.learner import Learner
 
 
 class Recorder:

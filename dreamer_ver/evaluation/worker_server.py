@@ -1,8 +1,8 @@
-"""The evaluation worker's own process (`runtime/eval_worker.py` has the
+"""The evaluation worker's own process (`evaluation/worker.py` has the
 contract and the caller's handle): `serve` builds the envs, the agent and an
 RPC server; `_Evaluations` keeps at most one job running and one waiting and
 the results not polled yet, and runs the jobs with the episode loop of
-`runtime/evaluation.py` on the worker's own copy of the params.
+`evaluation/episodes.py` on the worker's own copy of the params.
 """
 
 import collections
@@ -18,9 +18,11 @@ import numpy as np
 from dreamer_ver.files import write_json
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.server import Server
-from dreamer_ver.runtime import process
-from dreamer_ver.runtime.eval_worker import (
-    MODES, process_identity, record_path, remove_record, resolve)
+from dreamer_ver.cluster.links import server_kwargs
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.cluster.targets import load
+from dreamer_ver.evaluation.records import (
+    MODES, process_identity, record_path, remove_record)
 
 
 def serve(config, name, env_maker=None, init_fn=None, stop=None):
@@ -30,16 +32,16 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
   `run.eval_addr`, else at a free port."""
   parent = None
   if stop is None:
-    parent, stop = os.getppid(), process.StopSignal()
+    parent, stop = os.getppid(), StopSignal()
   if init_fn is not None:
-    resolve(init_fn)()
-  from dreamer_ver.runtime import devices
+    load(init_fn)()
+  from dreamer_ver.cluster import devices
   device = devices.setup(config)[0][0]  # the first policy device
   if env_maker is None:
     from dreamer_ver.envs import make_run_env
     make = lambda i: make_run_env(config, config.run.envs + i)
   else:
-    make = resolve(env_maker)
+    make = load(env_maker)
   evaluations = _Evaluations(config, make, device, stop, hosted=parent is None)
   addr = config.run.eval_addr
   if not addr:
@@ -48,7 +50,7 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
     bind = f'localhost:{port}'  # run.bind_host, when set, is used instead
   else:
     bind = addr
-  server = Server(bind, f'EvalWorker{name}', **process.server_kwargs(config))
+  server = Server(bind, f'EvalWorker{name}', **server_kwargs(config))
   server.bind('submit', evaluations.submit)
   server.bind('poll', evaluations.poll, workers=2)  # Owner and from_name.
   server.bind('status', evaluations.status)
@@ -85,7 +87,7 @@ class _Evaluations:
     self.device = device
     self.stop = stop
     self.hosted = hosted  # by a Ray Host, which alone may end it
-    self.count = int(config.run.eval_envs)
+    self.count = int(config.run.eval_worker_envs)
     self.envs = self._build_envs()
     env = self.envs[0]
     self.agent = Agent(env.obs_space, env.act_space, config)
@@ -165,7 +167,7 @@ class _Evaluations:
 
   def _evaluate(self, params, version, episodes, mode):
     import jax
-    from dreamer_ver.runtime.evaluation import episode_shares, run_episodes
+    from dreamer_ver.evaluation.episodes import episode_shares, run_episodes
     start = time.time()
     try:
       if self.envs is None:

@@ -1,6 +1,6 @@
-"""The replay server: stores transitions from the actor, serves batches to the learner.
-
-``ReplayService`` holds the logic and is usable without sockets:
+"""The replay service: stores transitions from the actor, serves batches to
+the learner. ``ReplayService`` holds the logic and is usable without sockets
+(``server.py`` serves it):
 
 * a train replay (sequences of ``batch_length + replay_context`` steps, one
   stream per env id, online queue), an eval replay (sequences of
@@ -39,13 +39,8 @@ says how hard it flushes): rows the service acknowledged survive a SIGKILL.
 
 Shipments are stored once (a batch logged but not answered at a kill comes
 back from the log, and the client resends it): ``StoredShipments`` in
-``runtime/transitions.py``, updated per row under the log lock and carried
+``transitions.py``, updated per row under the log lock and carried
 by each log record and by the checkpoint.
-
-``serve_replay(config)`` is the process: it exposes the service over portal's
-protocol (``rpc/server.py``; one worker per method, so a blocked
-``add_batch`` never blocks sampling), saves periodically and sends stats to
-the logger without ever waiting on it.
 
 What is stored: every column of the transition batch but ``envid`` and
 ``is_eval`` (env id = replay stream, is_eval = which replay), ``log/*`` and
@@ -66,17 +61,11 @@ import numpy as np
 
 from dreamer_ver.files import write_json
 from dreamer_ver.replay import batch_log, build
-from dreamer_ver.replay.replay import RESERVED_KEYS, mismatches
+from dreamer_ver.replay.replay import mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
-from dreamer_ver.rpc.client import Client
-from dreamer_ver.runtime.process import (
-    StopSignal, client_kwargs, peer, run_periodically, server_kwargs)
-from dreamer_ver.rpc.server import Server
-from dreamer_ver.runtime.transitions import (
-    StoredShipments, check_rows, shipment_of)
-
-# Columns of a transition batch that route rows and are never stored.
-ROUTING_KEYS = ('envid', 'is_eval')
+from dreamer_ver.transitions import (
+    RESERVED_KEYS, ROUTING_KEYS, StoredShipments, check_rows, is_log,
+    shipment_of)
 
 METHODS = (
     'add_batch', 'release_inserts', 'sample_batch_train', 'sample_share_train',
@@ -322,7 +311,7 @@ class ReplayService:
     data = {
         key: value for key, value in arrays.items()
         if key not in ROUTING_KEYS and key not in RESERVED_KEYS
-        and not key.startswith('log/')}
+        and not is_log(key)}
     if not data:
       raise ValueError('add_batch: the batch holds no columns to store.')
     # Both replays must keep the same structure; check against whichever
@@ -463,59 +452,6 @@ class ReplayService:
 
 # ------------------------------------------------------------------ process
 
-def serve_replay(config, stop=None):
-  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), save, exit 0."""
-  stop = stop if stop is not None else StopSignal()
-  service = ReplayService(config)
-  loaded = service.load()
-  print(
-      f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '
-      f'eval sequences and {loaded["logged_rows"]} logged rows from '
-      f'{service.logdir}', flush=True)
-  addr = config.run.replay_addr
-  server = Server(addr, 'Replay', quiet=(Closing,),
-                  **server_kwargs(config))
-  for name in METHODS:
-    server.bind(name, getattr(service, name), workers=1)
-  server.start()
-  logger = Client(peer(config.run.logger_addr), 'ReplayLogger', maxinflight=1,
-                  when_full='drop', **client_kwargs(config))
-  saved_activity = [service.activity]
-
-  def save():
-    if service.activity == saved_activity[0]:
-      return  # Nothing new since the last save.
-    saved_activity[0] = service.activity
-    try:
-      service.save()
-    except Exception as error:  # E.g. a full disk: keep serving.
-      print(f'[replay] save failed: {error!r}', flush=True)
-
-  def log():
-    stats = service.stats()
-    stats.update(_prefix(server.stats(), 'server/replay'))
-    logger.add(stats)
-
-  try:
-    run_periodically(stop, [(config.run.save_every, save),
-                            (config.run.log_every, log)], servers=[server])
-  finally:
-    print('[replay] stopping: saving', flush=True)
-    service.interrupt()
-    server.close(timeout=5)
-    service.save()
-    service.close()
-    logger.close(timeout=1)
-  print('[replay] stopped', flush=True)
-  return 0
-
-
-# ------------------------------------------------------------------ helpers
 
 def _counts(stats):
   return {key: stats[key] for key in ('adds', 'samples', 'updates')}
-
-
-def _prefix(mapping, prefix):
-  return {f'{prefix}/{key}': value for key, value in mapping.items()}
-

@@ -7,18 +7,18 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   worker.shutdown()                             # ends the process
 
 * Hosts: `host='process'` (the default) spawns a child process
-  (`supervisor.Children`, not restarted) that exits when the process that
+  (`supervisor.Supervisor`, not restarted) that exits when the process that
   started it dies; `host='ray'` runs it in a Ray actor (`ray_host.Host`,
   named `eval_worker_<name>` in the caller's Ray namespace; `num_cpus`,
   `num_gpus` are its Ray resources; the caller must have called
   `ray.init`), which Ray restarts if it dies, and the handle's connection
   follows it to wherever it serves then (an evaluation running or waiting
   at that moment is lost: submit again). Both run the same code,
-  `runtime/eval_process.py`: it
-  builds `run.eval_envs` envs (ids `run.envs + i`, seeded as in every script
-  by `envs.make_run_env`), or `env_maker(i)` for i < `run.eval_envs`, an
+  `evaluation/worker_server.py`: it
+  builds `run.eval_worker_envs` envs (ids `run.envs + i`, seeded as in every script
+  by `envs.make_run_env`), or `env_maker(i)` for i < `run.eval_worker_envs`, an
   Agent from `config`, and an RPC server that only accepts the run's token.
-  It runs the episode loop of `runtime/evaluation.py` with the agent's
+  It runs the episode loop of `evaluation/episodes.py` with the agent's
   jitted policy on its own copy of the params and its own carry; it never
   touches the actor. The handle lives in the caller and imports neither JAX
   nor the agent. The worker never preallocates GPU memory (it shares the
@@ -29,7 +29,7 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   and cut down to them), nested dicts of arrays, sent as numpy; shapes that
   do not match the worker's agent are an error to the caller. `mode`:
   'greedy' or 'sample'. Episodes are split evenly over
-  min(`run.eval_envs`, episodes) envs, as in `--script eval_only`.
+  min(`run.eval_worker_envs`, episodes) envs, as in `--script eval_only`.
 * Queue: one evaluation runs and at most one waits. A submit while one runs
   replaces the waiting job, if any (submit returns its version as
   `replaced`): evaluating params that newer ones have superseded is wasted
@@ -63,8 +63,6 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   worker when its worker died.
 """
 
-import importlib
-import json
 import os
 import pickle
 import re
@@ -76,21 +74,19 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamer_ver.cluster.links import client_kwargs
+from dreamer_ver.cluster.supervisor import Supervisor
+from dreamer_ver.cluster.targets import EVAL_WORKER, load
+from dreamer_ver.cluster.token import TOKEN_ENV, with_token
+from dreamer_ver.evaluation.records import (
+    MODES, clear_stale_record, record_path, recorded_addr, remove_record,
+    wait_for_record)
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.client import Client
-from dreamer_ver.runtime import process
-from dreamer_ver.runtime.supervisor import Children
 
-MODES = ('greedy', 'sample')
 HOSTS = ('process', 'ray')
-SERVE = 'dreamer_ver.runtime.eval_process:serve'
 START_SECONDS = 300  # the worker imports JAX and builds its envs first
 CALL_SECONDS = 60  # slack for an RPC reply on top of what it waits for
-
-
-def record_path(logdir, name):
-  """The file that tells other processes where worker `name` listens."""
-  return Path(logdir) / 'eval_workers' / f'{name}.json'
 
 
 class EvalWorker:
@@ -102,37 +98,37 @@ class EvalWorker:
     _check_name(name)
     if host not in HOSTS:
       raise ValueError(f'host must be one of {HOSTS}, got {host!r}')
-    if int(config.run.eval_envs) < 1:
-      raise ValueError(
-          f'an EvalWorker needs run.eval_envs >= 1, got {config.run.eval_envs}')
+    if int(config.run.eval_worker_envs) < 1:
+      raise ValueError(f'an EvalWorker needs run.eval_worker_envs >= 1, got '
+                       f'{config.run.eval_worker_envs}')
     env_maker = _portable(env_maker, 'env_maker')
     init_fn = _portable(init_fn, 'init_fn')
-    config = process.with_token(config).update({'jax.prealloc': False})
+    config = with_token(config).update({'jax.prealloc': False})
     self.name = name
     self.record = record_path(config.logdir, name)
     self._children = self._process = self._actor = None
     if host == 'process':
-      _clear_stale_record(self.record)
-      self._children = Children()
+      clear_stale_record(self.record)
+      self._children = Supervisor()
       self._process = self._children.start(
-          f'eval_worker_{name}', SERVE, config, name, env_maker, init_fn,
+          f'eval_worker_{name}', EVAL_WORKER, config, name, env_maker, init_fn,
           restart=False)
       try:
-        addr = _wait_for_record(
+        addr = wait_for_record(
             self.record, self._process, start_timeout, cancel)['addr']
       except BaseException:
         self._children.stop_all()
         raise
     else:
-      from dreamer_ver.runtime import ray_host
+      from dreamer_ver.cluster import ray_host
       actor = f'eval_worker_{name}'
       self._actor = ray_host.start(
-          config, actor, SERVE, name, env_maker, init_fn,
+          config, actor, EVAL_WORKER, name, env_maker, init_fn,
           serves='run.eval_addr', num_cpus=num_cpus,
           num_gpus=ray_host.available_gpus(num_gpus))
       addr = ray_host.Lookup(actor)
     self._client = Client(
-        addr, f'EvalWorker{name}', **process.client_kwargs(config))
+        addr, f'EvalWorker{name}', **client_kwargs(config))
     if host == 'ray':
       try:
         # Placed, started and serving.
@@ -149,7 +145,7 @@ class EvalWorker:
     if not path.is_file():
       raise FileNotFoundError(
           f'no eval worker named {name!r} runs for {logdir} (no {path})')
-    token = token or os.environ.get(process.TOKEN_ENV, '')
+    token = token or os.environ.get(TOKEN_ENV, '')
     if not token and (Path(logdir) / 'token').is_file():
       token = (Path(logdir) / 'token').read_text().strip()
     worker = cls.__new__(cls)
@@ -157,7 +153,7 @@ class EvalWorker:
     worker.record = path
     worker._children = worker._process = worker._actor = None  # Not owned.
     worker._client = Client(
-        _recorded_addr(path), f'EvalWorker{name}',
+        recorded_addr(path), f'EvalWorker{name}',
         handshake=addresses.handshake(token))
     try:
       worker._call('status', wait=timeout)
@@ -202,7 +198,7 @@ class EvalWorker:
   def shutdown(self, timeout=30.0):
     """Ends the worker (an evaluation in progress is dropped)."""
     if self._actor is not None:
-      from dreamer_ver.runtime import ray_host
+      from dreamer_ver.cluster import ray_host
       self.close()
       ray_host.remove(self._actor, timeout)  # Its Host stops the server.
       return
@@ -267,9 +263,9 @@ class PeriodicEvaluation:
   RETRY_MAX = 300.0
 
   def __init__(self, config, latest, version, send, name='agent'):
-    if int(config.run.eval_envs) < 1:
-      raise ValueError(
-          f'run.eval_every = {config.run.eval_every} needs run.eval_envs >= 1')
+    if int(config.run.eval_worker_envs) < 1:
+      raise ValueError(f'run.eval_every = {config.run.eval_every} needs '
+                       'run.eval_worker_envs >= 1')
     self.config = config
     self.every = float(config.run.eval_every)
     self.latest = latest
@@ -329,7 +325,7 @@ class PeriodicEvaluation:
         due += self.every
         params, version = self.latest()
         if version != submitted:
-          worker.submit(params, version, self.config.run.eval_envs,
+          worker.submit(params, version, self.config.run.eval_worker_envs,
                         self.config.run.eval_mode)
           submitted = version
       result = worker.poll(timeout=min(1.0, self.every))
@@ -373,7 +369,7 @@ def _portable(value, what):
   if value is None:
     return None
   if isinstance(value, str):
-    resolve(value, what)
+    load(value, what)
     return value
   if not callable(value):
     raise TypeError(f'{what} must be callable or a "module:function" string, '
@@ -386,32 +382,6 @@ def _portable(value, what):
         f'so the worker process can import it; {value!r} cannot be pickled: '
         f'{e}') from None
   return value
-
-
-def resolve(spec, what='callable'):
-  if callable(spec):
-    return spec
-  module, _, attr = spec.partition(':')
-  if not module or not attr:
-    raise ValueError(f'{what} must be "module:function", got {spec!r}')
-  try:
-    value = getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f'{what} {spec!r} cannot be imported: {e}') from None
-  if not callable(value):
-    raise TypeError(f'{what} {spec!r} is not callable')
-  return value
-
-
-def _recorded_addr(path):
-  """A client address that reads where the worker of record `path` serves
-  (None while there is no record), asked again at every reconnect."""
-  def addr():
-    try:
-      return json.loads(path.read_text())['addr']
-    except (OSError, ValueError, KeyError, TypeError):
-      return None  # No record (yet), or a partial one: asked again soon.
-  return addr
 
 
 def _numpy_tree(tree):
@@ -431,66 +401,3 @@ def _plain(value):
   return value
 
 
-def remove_record(path, pid):
-  """Removes `path` if process `pid` wrote it (a newer worker's stays)."""
-  try:
-    if json.loads(path.read_text())['pid'] == pid:
-      path.unlink()
-  except (FileNotFoundError, ValueError, KeyError):
-    pass
-
-
-def process_identity(pid):
-  """[boot id, start time in clock ticks] of process `pid`: no other
-  process shares it, not even a later one with the same pid (after a
-  restart of the machine or container). None where /proc cannot tell."""
-  try:
-    stat = Path(f'/proc/{pid}/stat').read_text()
-    boot = Path('/proc/sys/kernel/random/boot_id').read_text().strip()
-  except OSError:
-    return None
-  return [boot, int(stat.rsplit(')', 1)[1].split()[19])]  # field 22
-
-
-def _clear_stale_record(path):
-  """Refuses a name that a live worker holds; forgets the file of a dead
-  one, or of one whose pid another process has now."""
-  try:
-    record = json.loads(path.read_text())
-    pid = record['pid']
-  except (FileNotFoundError, ValueError, KeyError):
-    return
-  identity = record.get('identity')
-  if identity is not None and process_identity(pid) not in (None, identity):
-    path.unlink(missing_ok=True)
-    return
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    path.unlink(missing_ok=True)
-    return
-  except PermissionError:
-    pass  # Alive, someone else's.
-  raise RuntimeError(
-      f'an eval worker named {path.stem!r} already runs (pid {pid}, {path}); '
-      'shut it down or pick another name')
-
-
-def _wait_for_record(path, proc, timeout, cancel=None):
-  """The worker's record once the process `proc` has written it."""
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if cancel is not None and cancel.is_set():
-      raise RuntimeError('cancelled while the eval worker started')
-    try:
-      info = json.loads(path.read_text())
-      if info['pid'] == proc.pid:
-        return info
-    except (FileNotFoundError, ValueError, KeyError):
-      pass
-    if not proc.is_alive():
-      raise RuntimeError(
-          f'the eval worker exited with code {proc.exitcode} before it '
-          'served (its error is above, on stderr)')
-    time.sleep(0.1)
-  raise TimeoutError(f'the eval worker did not serve within {timeout} s')

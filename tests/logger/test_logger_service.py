@@ -10,9 +10,10 @@ from PIL import Image, ImageSequence
 
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
-from dreamer_ver.runtime.logger_server import LoggerService, serve_logger
+from dreamer_ver.logger.server import serve_logger
+from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.rpc.addresses import free_port
-from dreamer_ver.runtime.process import StopSignal
+from dreamer_ver.cluster.signals import StopSignal
 
 
 class Clock:

@@ -16,8 +16,8 @@ from hypothesis.extra import numpy as hnp
 
 from dreamer_ver.envs import make_env, make_run_env
 from dreamer_ver.envs.wrappers import Wrapper
-from dreamer_ver.runtime import evaluation
-from dreamer_ver.runtime.eval_worker import EvalWorker, record_path
+from dreamer_ver.evaluation import episodes as evaluation
+from dreamer_ver.evaluation.worker import EvalWorker, record_path
 from helpers.evaluation import (  # noqa: F401  (config, agent: fixtures)
     LENGTH, agent, config, cue_params, poll_from_another_process)
 from helpers.runs import wait_until
@@ -216,20 +216,20 @@ def test_an_evaluation_past_run_eval_timeout_is_an_error_result(config, agent):
 def test_a_record_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
   # After a container restart, the recorded pid may be any live process:
   # that must not block the name (and evaluation) for the whole run.
-  from dreamer_ver.runtime import eval_worker
+  from dreamer_ver.evaluation import records
   path = record_path(str(tmp_path), 'main')
   path.parent.mkdir(parents=True)
   path.write_text(json.dumps({'name': 'main', 'addr': '127.0.0.1:1',
                               'pid': os.getpid(),
                               'identity': ['an-earlier-boot', 12345]}))
-  eval_worker._clear_stale_record(path)
+  records.clear_stale_record(path)
   assert not path.exists()
   # The live worker's own record (this process, its identity) is kept.
   path.write_text(json.dumps({
       'name': 'main', 'addr': '127.0.0.1:1', 'pid': os.getpid(),
-      'identity': eval_worker.process_identity(os.getpid())}))
+      'identity': records.process_identity(os.getpid())}))
   with pytest.raises(RuntimeError, match='already runs'):
-    eval_worker._clear_stale_record(path)
+    records.clear_stale_record(path)
 
 
 @settings(derandomize=True, deadline=None, database=None, max_examples=25,

@@ -1,6 +1,6 @@
-"""The logger server: counts env steps, turns transitions into episodes, writes metrics.
-
-``LoggerService`` holds the logic and is usable without sockets:
+"""The logger service: counts env steps, turns transitions into episodes,
+writes metrics. ``LoggerService`` holds the logic and is usable without
+sockets (``server.py`` serves it):
 
 * ``tran(trans)`` gets every transition batch the actor serves. Rows of train
   envs advance the global env step counter (the x-axis of every curve). Rows
@@ -26,7 +26,7 @@
   is a video (the learner's open-loop report): the newest per key is kept
   until the next ``write()``. Other values are ignored.
 * ``write()`` writes the scalars gathered since the last write to every
-  output (``runtime/outputs.py``: ``metrics.jsonl`` always, TensorBoard and
+  output (``logger/outputs.py``: ``metrics.jsonl`` always, TensorBoard and
   W&B as ``logger.outputs`` asks) and prints a short progress report. Each
   video kept becomes ``videos/<name>_<step>.gif`` (``/`` in the name as
   ``_``, ``logger.fps`` frames per second), sent to every output too.
@@ -50,10 +50,6 @@ episode ends, its frames become the video ``eval_episode/<key>``
 recorded instead. Frames are copied out of the batch, so the logger holds
 at most one episode's frames plus the videos of one write.
 
-``serve_logger(config)`` is the process: both methods share one server worker
-(`rpc_server.py`), so they run one at a time, and the main loop writes and
-saves on its clocks.
-
 Lengths exclude the reset step (the first row of an episode holds the reset
 observation, not a step taken by the policy); scores include its reward (as
 upstream; it is zero for the envs here).
@@ -73,13 +69,9 @@ from pathlib import Path
 import numpy as np
 
 from dreamer_ver.files import write_json
-from dreamer_ver.rpc.server import Server
-from dreamer_ver.runtime.outputs import make_outputs, write_gif
-from dreamer_ver.runtime.process import (
-    StopSignal, run_periodically, server_kwargs)
-from dreamer_ver.runtime.transitions import check_rows, shipment_of
-
-REQUIRED_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
+from dreamer_ver.logger.outputs import make_outputs, write_gif
+from dreamer_ver.transitions import (
+    LOGGER_KEYS, check_rows, is_log, shipment_of)
 
 
 class _Episode:
@@ -246,8 +238,8 @@ class LoggerService:
   def _check(self, trans):
     """(required columns, scalar log/ columns, image columns), or
     ValueError; no side effects."""
-    trans = check_rows(trans, 'tran', required=REQUIRED_KEYS)
-    columns = {key: trans[key] for key in REQUIRED_KEYS}
+    trans = check_rows(trans, 'tran', required=LOGGER_KEYS)
+    columns = {key: trans[key] for key in LOGGER_KEYS}
     if 'missed' in trans:
       missed = trans['missed']
       if missed.ndim != 1 or not np.issubdtype(missed.dtype, np.integer) or (
@@ -258,7 +250,7 @@ class LoggerService:
     # key can be recorded; other values are ignored.
     logs, images = {}, {}
     for key, value in trans.items():
-      if key.startswith('log/') and value.ndim == 1 and (
+      if is_log(key) and value.ndim == 1 and (
           np.issubdtype(value.dtype, np.number) or value.dtype == bool):
         logs[key] = value
       elif _is_video(value):
@@ -376,41 +368,6 @@ class LoggerService:
                          in state.get('shipments', {}).items()}
       self._last_write = (self._step, self.clock())
     return True
-
-
-# ------------------------------------------------------------------ process
-
-def serve_logger(config, stop=None):
-  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
-  stop = stop if stop is not None else StopSignal()
-  service = LoggerService(config)
-  if service.load():
-    print(f'[logger] resumed at step {service.step}', flush=True)
-  addr = config.run.logger_addr
-  server = Server(addr, 'Logger', workers=1, **server_kwargs(config))
-  server.bind('add', service.add)  # Both on the shared single worker.
-  server.bind('tran', service.tran)
-  server.start()
-  reported_activity = [service.activity]
-
-  def log():
-    if service.activity != reported_activity[0]:  # Idle: nothing to report.
-      service.add({f'server/logger/{key}': value
-                   for key, value in server.stats().items()})
-      reported_activity[0] = service.activity
-    service.write()
-
-  try:
-    run_periodically(stop, [(config.run.log_every, log),
-                            (config.run.save_every, service.save)],
-                     servers=[server])
-  finally:
-    server.close(timeout=5)
-    service.write()
-    service.save()
-    service.close()
-  print('[logger] stopped', flush=True)
-  return 0
 
 
 # ------------------------------------------------------------------ helpers

@@ -1,4 +1,5 @@
-"""The servers' main loop: periodic tasks until stopped; the stop signal."""
+"""The graceful stop and periodic loop (cluster/signals.py) and the run
+token (cluster/token.py)."""
 
 import os
 import signal
@@ -8,8 +9,8 @@ import time
 import pytest
 
 from dreamer_ver.config import ConfigError, compose
-from dreamer_ver.runtime.process import (
-    TOKEN_ENV, StopSignal, run_periodically, with_token)
+from dreamer_ver.cluster.signals import StopSignal, run_periodically
+from dreamer_ver.cluster.token import TOKEN_ENV, with_token
 
 
 def test_run_periodically_calls_each_task_at_its_interval_until_stopped():

@@ -1,19 +1,47 @@
-"""The shape every transition batch on the wire has, checked in one place.
+"""What a transition batch is: the one contract between the actor that
+ships it, replay and the logger that take it, and the learner that trains on
+what replay stored. Every other module imports these names from here.
 
-A batch is a dict of arrays with one row per env step: `envid` is an int
-array [N] and every other value has N rows, except the optional shipment id
-(`SHIPMENT`: int [sender, seq], stamped by the actor's Shipper) by which a
-server recognises a resent batch. The replay and logger servers check it
-before touching their state, so a malformed batch changes nothing and its
-caller gets an error naming the key. `StoredShipments` tells a server
-which rows of a resent batch it has not stored yet.
+A batch is a dict of numpy arrays with one row per env step, N rows:
+
+  envid            int [N]     the env the row belongs to (ROUTING_KEYS)
+  is_eval          bool [N]    an eval env's row: the eval replay stores it,
+                               the train replay never (ROUTING_KEYS)
+  <obs key>        [N, ...]    the env's observation, as its obs_space says,
+                               with reward, is_first, is_last, is_terminal
+  <action key>     [N, ...]    the action the policy took (act_space)
+  dyn/deter, ...   [N, ...]    the policy's carry after the step (the latents
+                               the learner starts from)
+  version          int64 [N]   the params version that acted
+  log/<name>       [N, ...]    a value only logged (LOG_PREFIX): never stored
+                               by replay, never seen by the agent
+  shipment         int [2]     [sender, seq], the one key that is not a
+                               column (SHIPMENT): a resent batch is stored
+                               once (`StoredShipments`)
+
+The actor's requests carry observations, `envid` and `is_eval` (META_KEYS:
+passed through, not observed). Replay adds `stepid` and `consec` to what it
+stores (RESERVED_KEYS): a batch's own values for them are dropped. The
+logger needs LOGGER_KEYS in every row. `check_rows` checks the shape; the
+servers call it before touching their state, so a malformed batch changes
+nothing and its caller gets an error naming the key.
 """
 
 import collections.abc
 
 import numpy as np
 
-from dreamer_ver.actor.shipping import SHIPMENT
+SHIPMENT = 'shipment'
+LOG_PREFIX = 'log/'
+META_KEYS = ('is_eval',)
+ROUTING_KEYS = ('envid', 'is_eval')
+RESERVED_KEYS = ('stepid', 'consec')
+LOGGER_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')
+
+
+def is_log(key):
+  """Whether `key` is only logged (`log/<name>`)."""
+  return key.startswith(LOG_PREFIX)
 
 
 def check_rows(trans, method, required=()):

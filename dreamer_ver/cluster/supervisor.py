@@ -6,7 +6,6 @@ env processes never load JAX or the agent.
 
 import collections
 import fcntl
-import importlib
 import multiprocessing
 import os
 import signal
@@ -15,8 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+from dreamer_ver.cluster.targets import load
+
 SHUTDOWN_SECONDS = 15
-# Children that own files in the logdir: one of each per logdir at a time.
+# Supervisor that own files in the logdir: one of each per logdir at a time.
 OWNERS = ('replay', 'logger', 'agent')
 _held = []  # This process's role locks, held until it exits.
 
@@ -31,9 +32,7 @@ def _call(name, target, config, parent, *args):
   pids = Path(config.logdir) / 'pids'
   pids.mkdir(parents=True, exist_ok=True)
   (pids / name).write_text(str(os.getpid()))
-  module, function = target.split(':')
-  fn = getattr(importlib.import_module(module), function)
-  raise SystemExit(fn(config, *args) or 0)
+  raise SystemExit(load(target)(config, *args) or 0)
 
 
 def _watch_parent(parent):
@@ -69,7 +68,7 @@ def lock_role(logdir, role):
   return fd
 
 
-class Children:
+class Supervisor:
   """Child processes started with 'spawn'.
 
   `supervise()` restarts the children started with `restart=True` that died

@@ -31,7 +31,6 @@ that key, which `runtime.process.peer` turns into a `Lookup`, asked again
 at every reconnect. A server that moved to another node is found there.
 """
 
-import importlib
 import os
 import threading
 import time
@@ -40,8 +39,9 @@ import warnings
 
 import ray
 
+from dreamer_ver.cluster.signals import StopSignal
+from dreamer_ver.cluster.targets import load
 from dreamer_ver.rpc.addresses import free_port
-from dreamer_ver.runtime.process import StopSignal
 
 LOOKUP_TIMEOUT = 5.0
 RESTART_DELAY = 5.0  # before a restart of a component that failed early
@@ -76,14 +76,12 @@ class Host:
     self.thread.start()
 
   def _run(self, target, config, args):
-    module, function = target.split(':')
     # The component's servers start portal threads from this thread, not
     # the main one; they are closed by the component itself when it stops.
     warnings.filterwarnings('ignore', 'Using Portal from plain Python threads')
     began = time.monotonic()
     try:
-      fn = getattr(importlib.import_module(module), function)
-      code = fn(config, *args, stop=self.stopping) or 0
+      code = load(target)(config, *args, stop=self.stopping) or 0
     except BaseException:
       traceback.print_exc()
       code = 1

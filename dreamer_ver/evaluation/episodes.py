@@ -1,5 +1,5 @@
 """Evaluation episodes: the one loop that `--script eval_only` and the
-EvalWorker (`runtime/eval_worker.py`) both run.
+EvalWorker (`evaluation/worker.py`) both run.
 
   results, frames = run_episodes(agent, params, envs, shares, mode, seed)
 
@@ -25,6 +25,8 @@ import time
 
 import jax
 import numpy as np
+
+from dreamer_ver.transitions import is_log
 
 MODES = ('greedy', 'sample', 'random')
 
@@ -86,7 +88,7 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
       if last[0]['is_last']:
         envs[0].render_frames(False)
     obs = {k: np.stack([o[k] for o in last]) for k in last[0]
-           if not k.startswith('log/')}
+           if not is_log(k)}
     if mode == 'random':
       act = {k: _random(rng, s, n) for k, s in act_space.items()
              if k != 'reset'}

@@ -1,0 +1,67 @@
+"""How the components of a run reach each other: the server and client
+settings a run's config implies, and where a peer is now.
+
+Servers bind to the host named in their `host:port` address
+(`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
+multi-host run), and accept only clients that present the run token
+(`token.py`). Clients connect to `peer(addr)`: on a Ray cluster the
+addresses are names that Ray resolves.
+"""
+
+from dreamer_ver.rpc import addresses
+from dreamer_ver.rpc.client import Client
+
+RAY_PREFIX = 'ray:'
+# The run's servers, by the name a link names them with.
+SERVERS = {'replay': 'replay_addr', 'logger': 'logger_addr',
+           'actor': 'actor_addr'}
+
+
+def connect(config, server, name, **options):
+  """A futures client (`rpc/client.py`) named `name` to the run's `server`
+  ('replay', 'logger', 'actor'), with the run's token and peer deadline;
+  `options`: maxinflight, when_full."""
+  addr = peer(config.run[SERVERS[server]])
+  return Client(addr, name, **client_kwargs(config), **options)
+
+
+def server_kwargs(config):
+  """Keyword arguments for our servers (and portal's) in a run: the bind
+  interface when `run.bind_host` sets one, and the token handshake."""
+  kwargs = dict(handshake=addresses.handshake(config.run.token))
+  if config.run.bind_host:
+    kwargs['host'] = config.run.bind_host
+  return kwargs
+
+
+def client_kwargs(config):
+  """Keyword arguments for our futures clients (`rpc/client.py`) in a run:
+  the token handshake and the deadline on a peer that stopped answering."""
+  return dict(handshake=addresses.handshake(config.run.token),
+              peer_timeout=config.run.peer_timeout or None)
+
+
+def peer(addr):
+  """The address a client of a run connects to: `addr` as it is, or for
+  'ray:<name>' (or 'ray:<name>/<config key>') a lookup of where the run's
+  Ray-hosted component <name> serves now, asked again at every reconnect
+  (`cluster/ray_host.py`)."""
+  if str(addr).startswith(RAY_PREFIX):
+    from dreamer_ver.cluster.ray_host import Lookup
+    name, _, key = addr[len(RAY_PREFIX):].partition('/')
+    return Lookup(name, key or None)
+  return addr
+
+
+def resolve(addr, stop, poll=1.0):
+  """`addr` as a 'host:port' string, for the callers that need one now
+  (JAX's coordinator): a 'ray:' address is looked up until Ray says where
+  it serves. None if `stop` is set first."""
+  where = peer(addr)
+  while callable(where):
+    found = where()
+    if found:
+      return found
+    if stop.wait(poll):
+      return None
+  return where

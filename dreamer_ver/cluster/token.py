@@ -1,0 +1,53 @@
+"""The run token: the shared secret in every connection's handshake.
+
+It comes from `run.token`, else the DREAMER_VER_TOKEN environment variable,
+else `logdir/token` (created with owner-only permissions by the first
+component that needs it).
+"""
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from dreamer_ver.validation import ConfigError
+
+TOKEN_ENV = 'DREAMER_VER_TOKEN'
+
+
+def with_token(config):
+  """The config with `run.token` filled in (see the module docstring).
+  Raises ConfigError for an empty or blank token: portal's handshake
+  without one is public, so it would let anyone in."""
+  if config.run.token:
+    token, where = config.run.token, 'run.token'
+  elif os.environ.get(TOKEN_ENV):
+    token, where = os.environ[TOKEN_ENV], TOKEN_ENV
+  else:
+    path = Path(config.logdir) / 'token'
+    token, where = _logdir_token(Path(config.logdir)), str(path)
+  if not token.strip():
+    raise ConfigError(
+        f'{where} is empty: the run token must be a secret, not blank '
+        '(remove an empty token file and one is made)')
+  return config.update({'run.token': token})
+
+
+def _logdir_token(logdir):
+  path = logdir / 'token'
+  if not path.exists():
+    logdir.mkdir(parents=True, exist_ok=True)
+    tmp = logdir / f'.token.{os.getpid()}'
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, 'w') as f:
+      f.write(secrets.token_hex(16))
+    try:
+      os.link(tmp, path)  # Atomic: if another component won, keep theirs.
+    except FileExistsError:
+      pass
+    finally:
+      tmp.unlink()
+  if path.stat().st_mode & 0o077:
+    print(f'warning: other users can read the run token in {path}; '
+          f'chmod 600 {path}', file=sys.stderr)
+  return path.read_text().strip()

@@ -1,0 +1,1 @@
+"""The learner: trains the agent on replay's batches and publishes params."""

@@ -1,0 +1,43 @@
+"""The logger server process: ``serve_logger(config)`` exposes the logger
+service (``service.py``) over portal's protocol; both its methods share one
+server worker (``rpc/server.py``), so they run one at a time, and the main
+loop writes and saves on its clocks.
+"""
+
+from dreamer_ver.cluster.links import server_kwargs
+from dreamer_ver.cluster.signals import StopSignal, run_periodically
+from dreamer_ver.logger.service import LoggerService
+from dreamer_ver.rpc.server import Server
+
+
+def serve_logger(config, stop=None):
+  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
+  stop = stop if stop is not None else StopSignal()
+  service = LoggerService(config)
+  if service.load():
+    print(f'[logger] resumed at step {service.step}', flush=True)
+  addr = config.run.logger_addr
+  server = Server(addr, 'Logger', workers=1, **server_kwargs(config))
+  server.bind('add', service.add)  # Both on the shared single worker.
+  server.bind('tran', service.tran)
+  server.start()
+  reported_activity = [service.activity]
+
+  def log():
+    if service.activity != reported_activity[0]:  # Idle: nothing to report.
+      service.add({f'server/logger/{key}': value
+                   for key, value in server.stats().items()})
+      reported_activity[0] = service.activity
+    service.write()
+
+  try:
+    run_periodically(stop, [(config.run.log_every, log),
+                            (config.run.save_every, service.save)],
+                     servers=[server])
+  finally:
+    server.close(timeout=5)
+    service.write()
+    service.save()
+    service.close()
+  print('[logger] stopped', flush=True)
+  return 0

@@ -1,0 +1,189 @@
+"""The shared-memory transport's protocol: messages, slot layouts, and the
+socket folder. The server is `shm.py` (ShmTransport), the client
+`shm_client.py` (ShmClient).
+
+On one host, packing every call into portal's frame, pushing it through TCP
+and unpacking it on both sides costs more than a fast env step
+(bench/README.md). Here a caller writes its arrays into a slot of memory it
+shares with the server and sends a 13-byte message; the server hands views
+of the slot to the batch, writes the reply arrays into the same slot and
+answers with a 17-byte message. Habitat VER's transfer buffers and TorchRL's
+slot transport work the same way.
+
+Messages go over a Unix SOCK_SEQPACKET connection to a socket file named
+after the port of the server's TCP address (`endpoint`), in a folder only
+this user may enter (mode 0700, checked on both sides): another local user
+can neither bind it first nor connect, and a client also checks that the
+server runs as its own user before it sends the token. (An abstract socket
+name, which anyone may bind, would hand the token to a squatter.)
+
+  H handshake                    client hello: the run token, as over TCP;
+                                 answered A, or the connection is closed
+  S slot:u32 layout(json) + fd   a new slot: a sealed memfd holding the
+                                 request arrays, then the reply arrays;
+                                 answered A slot, or E slot why
+  R slot:u32 reqnum:u64          a call: the slot's request arrays are
+                                 written
+  P reqnum:u64 status:u64 [why]  its reply: status 0, the slot's reply
+                                 arrays are written; else an error message
+
+The memory is a memfd passed with SCM_RIGHTS: it has no name, so nothing is
+left behind when a process dies (`multiprocessing.shared_memory` names each
+segment and relies on a tracker process to remove it), and the kernel frees
+it once both sides unmapped it. The client seals its size, so it cannot
+shrink the memory under the server's mapping (a read past the end would
+kill the server with SIGBUS).
+
+Torn observations cannot reach a batch: a client writes a slot only while
+no call is in flight in it, and sends R after the write; the server reads a
+slot only between R and its reply. A client that dies mid-write never sent
+R. The server forgets a client's slots when its connection closes; the
+memory goes with the last view of it.
+
+Linux only (memfd, abstract sockets).
+"""
+
+import errno
+import fcntl
+import os
+import socket
+import stat
+import struct
+import tempfile
+
+import numpy as np
+
+from .addresses import split_addr
+
+CALL = struct.Struct('<cIQ')
+REPLY = struct.Struct('<cQQ')
+SLOT = struct.Struct('<I')
+SEALS = getattr(fcntl, 'F_SEAL_SHRINK', 0) | getattr(
+    fcntl, 'F_SEAL_GROW', 0) | getattr(fcntl, 'F_SEAL_SEAL', 0)  # Linux
+ALIGN = 64
+# A connection's slots are memory the server maps for it: a slot holds at
+# most MAX_ROWS env rows (one env process's envs; the per-row byte limit
+# scales with them), and a connection maps at most MAX_SLOTS slots.
+MAX_ROWS = 1024
+MAX_SLOTS = 64
+DTYPE_KINDS = 'biuf'  # bool, signed and unsigned ints, floats
+
+
+def endpoint(addr):
+  """The socket file of the server whose TCP address is `addr`."""
+  _, port = split_addr(addr)
+  return os.path.join(socket_folder(), f'batch-{port}.sock')
+
+
+def socket_folder():
+  """This user's folder of sockets in the temporary folder (the same for
+  the server and its env processes, however they were started): made with
+  mode 0700; PermissionError if it exists otherwise (a folder someone else
+  made, or others may enter)."""
+  folder = os.path.join(tempfile.gettempdir(), f'dreamer_ver-{os.getuid()}')
+  try:
+    os.mkdir(folder, 0o700)
+  except FileExistsError:
+    pass
+  info = os.lstat(folder)
+  if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+      or info.st_mode & 0o077):
+    raise PermissionError(
+        f'{folder} must be a folder of this user with mode 0700; remove it '
+        'or chmod 700 it')
+  return folder
+
+
+def bind(sock, path):
+  """Binds `path`, replacing the file a killed server left behind (nobody
+  listens on it); OSError if a live server holds it."""
+  try:
+    sock.bind(path)
+  except OSError as e:
+    if e.errno != errno.EADDRINUSE:
+      raise
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+      probe.connect(path)
+      raise  # Someone serves there.
+    except ConnectionRefusedError:
+      os.unlink(path)
+      sock.bind(path)
+    finally:
+      probe.close()
+
+
+def same_user(sock):
+  """Whether the peer of a Unix socket runs as this user."""
+  creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                          struct.calcsize('3i'))
+  return struct.unpack('3i', creds)[1] == os.getuid()
+
+
+def available():
+  """Whether this platform has what the transport needs (Linux does)."""
+  return hasattr(os, 'memfd_create') and hasattr(fcntl, 'F_ADD_SEALS')
+
+
+def reply(reqnum, status, message=''):
+  return REPLY.pack(b'P', reqnum, status) + message.encode('utf-8')[:32768]
+
+
+def layout_of(spec):
+  """[(key, shape, dtype)] checked: string keys, small non-negative shapes,
+  plain numeric dtypes."""
+  layout = []
+  for key, shape, dtype in spec:
+    dtype = np.dtype(dtype)
+    if not isinstance(key, str) or dtype.kind not in DTYPE_KINDS:
+      raise ValueError(f'key {key!r}: dtype {dtype} is not a plain number')
+    shape = tuple(int(n) for n in shape)
+    if len(shape) > 8 or any(n < 0 or n > 2 ** 31 for n in shape):
+      raise ValueError(f'key {key!r}: bad shape {list(shape)}')
+    layout.append((key, shape, dtype))
+  return layout
+
+
+def nbytes(layout):
+  return array_views(None, layout, 0)[1]
+
+
+def array_views(buffer, layout, offset):
+  """Arrays laid out one after the other from `offset` (aligned), as views
+  of `buffer` (or only the end offset, for None)."""
+  views = {}
+  for key, shape, dtype in layout:
+    offset = -(-offset // ALIGN) * ALIGN
+    count = int(np.prod(shape, dtype=np.int64))
+    if buffer is not None:
+      views[key] = np.frombuffer(
+          buffer, dtype, count, offset).reshape(shape)
+    offset += count * dtype.itemsize
+  return views, offset
+
+
+def fill(arrays, value):
+  """Writes a reply into the slot's reply arrays; why not, if it does not
+  fit their layout."""
+  if not isinstance(value, dict) or set(value) != set(arrays):
+    keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+    return (f'the reply {keys} does not match the slot layout '
+            f'{sorted(arrays)}')
+  for key, target in arrays.items():
+    source = np.asarray(value[key])
+    if source.shape != target.shape or not np.can_cast(
+        source.dtype, target.dtype, 'same_kind'):
+      return (f'reply key {key!r}: {source.dtype}{list(source.shape)} does '
+              f'not fit {target.dtype}{list(target.shape)}')
+    target[...] = source
+  return None
+
+
+class Slot:
+  """A slot's request and reply arrays (views of its memory); `index`: the
+  client's number for it."""
+
+  def __init__(self, request, reply, index=None):
+    self.request = request
+    self.reply = reply
+    self.index = index
