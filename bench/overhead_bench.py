@@ -42,8 +42,8 @@ def measure(actor, repeats):
     forward = []
     for _ in range(repeats):
       start = time.perf_counter()
-      acts, _ = actor.forward(lane, params, slots, obs, actor.key)
-      jax.block_until_ready(acts)
+      jax.block_until_ready(
+          actor.forward(lane, params, slots, obs, actor.key))
       forward.append(time.perf_counter() - start)
     obs_bytes = sum(v.nbytes for v in jax.tree.leaves(obs))
     step_ms, forward_ms = 1000 * np.median(step), 1000 * np.median(forward)

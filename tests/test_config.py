@@ -265,6 +265,7 @@ def test_block_errors_name_block_and_key(tmp_path):
     ({'run.envs_per_worker': 0}, 'run.envs_per_worker must be >= 1'),
     ({'run.envid_offset': -1}, 'run.envid_offset must be >= 0'),
     ({'run.peer_timeout': -1}, 'run.peer_timeout must be >= 0'),
+    ({'run.eval_worker_envs': 0}, 'run.eval_worker_envs must be >= 1'),
     ({'agent.value.units': 0}, 'agent.value.units must be >= 1'),
     ({'run.train_ratio': 0}, 'run.train_ratio must be > 0'),
     ({'replay.fracs.uniform': 0.5}, 'replay.fracs.* must sum to 1'),

@@ -16,6 +16,7 @@ import pytest
 from dreamer_ver.actor import preemption
 from dreamer_ver.inference import InferenceServer
 from dreamer_ver.rpc import ShmClient
+from helpers.compiles import compiles
 
 TIMEOUT = 20.0
 SPEC = {'x': ((), np.float32), 'is_first': ((), np.bool_)}
@@ -172,3 +173,32 @@ def test_a_cutoff_larger_than_the_largest_bucket_is_refused():
   with pytest.raises(ValueError, match='largest bucket is 4'):
     InferenceServer(counting, SPEC, carry=CARRY, slots=4,
                     cutoff=preemption.VER(1, 8))
+
+
+def test_a_weight_update_changes_the_actions_and_their_version_without_a_recompile():
+  """A trainer's new params reach the next batch (TorchRL's weight sync):
+  replies say which version acted, and nothing traces or compiles again."""
+  def scaled(params, carry, obs):
+    count = jnp.where(obs['is_first'], 0, carry['count']) + 1
+    return {'count': count, 'total': carry['total']}, {
+        'y': params['w'] * obs['x'] + params['b'], 'count': count}
+
+  server = InferenceServer(
+      scaled, SPEC, carry=CARRY, slots=2,
+      params={'w': jnp.float32(2.0), 'b': jnp.float32(0.0)}, version=3).start()
+  client = server.client()
+  try:
+    call = lambda x, first: client.call(  # noqa: E731
+        {'x': np.float32(x), 'is_first': np.bool_(first), 'envid': np.int64(0)})
+    out = call(5.0, True)
+    assert (float(out['y']), int(out['version']), int(out['count'])) == (
+        10.0, 3, 1)
+    with compiles() as seen:
+      server.update({'w': jnp.float32(-1.0), 'b': jnp.float32(0.5)}, 4)
+      out = call(5.0, False)
+    assert (float(out['y']), int(out['version']), int(out['count'])) == (
+        -4.5, 4, 2)  # New weights, the carry goes on.
+    assert seen == []
+    assert server.out_spec['version'] == ((), np.dtype(np.int64))
+  finally:
+    server.close()

@@ -10,15 +10,13 @@ and slots; the batch server routes each connection to one lane
 (`Request.lane`), so an env's carry stays on one device.
 """
 
-import itertools
 import threading
-import time
 
 import jax
 import numpy as np
 
-from dreamer_ver.actor.carries import CarryLane, table_step
-from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
+from dreamer_ver.actor.batched_policy import BatchedPolicy
+from dreamer_ver.actor.requests import admit
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
 from dreamer_ver.transitions import META_KEYS, is_log
@@ -33,41 +31,34 @@ class Actor:
                mode='sample', replay=None, logger=None):
     self.agent = agent
     self.params = params_store
-    self.slots = int(slots)
-    self.buckets = sorted(set(int(b) for b in buckets))
     self.mode = mode
     self.obs_space = agent.obs_space
-    # One table per lane: the jitted step donates it.
-    self.lanes = [
-        CarryLane(i, agent.init_carry(self.slots + 1), self.slots, device)
-        for i, device in enumerate(params_store.devices)]
-    self.key = jax.random.PRNGKey(seed)
-    self._batch_numbers = itertools.count()  # one PRNG stream per batch
+    carry = jax.tree.map(lambda x: x[0], agent.init_carry(1))
+    self.policy = BatchedPolicy(
+        self._policy_step, agent.obs_space, carry=carry, slots=slots,
+        buckets=sorted(set(int(b) for b in buckets)), params=params_store,
+        meta=META_KEYS, keyed=True, seed=seed)
     self.shipper = Shipper(replay, logger)
     # Per served batch: updates the learner published while it ran.
     self._lags, self._lags_lock = [], threading.Lock()
-    self._step = jax.jit(table_step(self._policy_step), donate_argnums=(0,))
 
-  # ------------------------------------------------------------- compile
+  @property
+  def lanes(self):
+    return self.policy.lanes
+
+  @property
+  def buckets(self):
+    return self.policy.buckets
+
+  @property
+  def key(self):
+    return self.policy.key
 
   def compile(self):
     """Compiles every bucket size on every lane's device before serving, so
     jit never compiles while envs wait. Returns the inference seconds per
     bucket, one dict per lane."""
-    times = []
-    for lane in self.lanes:
-      times.append({})
-      params, _ = self.params.latest(lane.index)
-      for size in self.buckets:
-        obs = {k: np.zeros((size, *s.shape), s.dtype)
-               for k, s in self.obs_space.items()}
-        slots = np.full((size,), lane.padding, np.int32)
-        for _ in range(2):  # The second call measures the compiled step.
-          start = time.perf_counter()
-          acts, _ = self.forward(lane, params, slots, obs, self.key)
-          jax.block_until_ready(acts)
-          times[-1][size] = time.perf_counter() - start
-    return times
+    return self.policy.compile()
 
   # -------------------------------------------------------------- serving
 
@@ -96,27 +87,14 @@ class Actor:
     """Runs the policy of lane `lane` on a list of valid request dicts.
     Returns the transitions of those rows: obs, actions, latents, envid,
     is_eval and the params version that acted."""
-    n = len(datas)
-    size = bucket_of(self.buckets, n)
-    obs = stack_rows(datas, self.obs_space, size)
-    envids = np.array([int(d['envid']) for d in datas], np.int64)
-    lane = self.lanes[lane]
-    with lane.lock:
-      slots = np.full((size,), lane.padding, np.int32)
-      slots[:n] = [lane.slot(e) for e in envids]
-      params, version = self.params.latest(lane.index)
-      key = jax.random.fold_in(self.key, next(self._batch_numbers))
-      acts, outs = self.forward(lane, params, slots, obs, key)
-    acts, outs = jax.device_get((acts, outs))
+    obs, out, version = self.policy.run(datas, lane)
     with self._lags_lock:
       self._lags.append(self.params.version - version)
-    trans = {k: v[:n] for k, v in obs.items()}
-    trans.update({k: v[:n] for k, v in acts.items()})
-    trans.update({k: v[:n] for k, v in outs.items()})
-    trans['envid'] = envids
+    trans = {**obs, **out}
+    trans['envid'] = np.array([int(d['envid']) for d in datas], np.int64)
     trans['is_eval'] = np.array(
         [bool(d.get('is_eval', False)) for d in datas], bool)
-    trans['version'] = np.full((n,), version, np.int64)
+    trans['version'] = np.full((len(datas),), version, np.int64)
     return trans
 
   def take_lags(self):
@@ -128,13 +106,9 @@ class Actor:
     return lags
 
   def forward(self, lane, params, slots, obs, key):
-    """The jitted step alone: gathers the carries at `slots` of the lane's
-    table, runs the policy and scatters the new carries back. Returns the
-    actions and outputs on the device; the caller holds `lane.lock` if
-    other threads serve the lane."""
-    lane.table, acts, outs = self._step(
-        lane.table, slots, policy_params(params), obs, key)
-    return acts, outs
+    """The jitted step alone (`BatchedPolicy.forward`): actions and outputs
+    in one dict, on the device."""
+    return self.policy.forward(lane, params, slots, obs, key)
 
   def max_request_bytes(self, margin=1 << 20):
     """The largest legal request: two observations plus a margin for the
@@ -145,8 +119,10 @@ class Actor:
 
   # -------------------------------------------------------------- helpers
 
-  def _policy_step(self, carry, params, obs, key):
-    return self.agent.policy_step(params, carry, obs, key, self.mode)
+  def _policy_step(self, params, carry, obs, key):
+    carry, acts, outs = self.agent.policy_step(
+        policy_params(params), carry, obs, key, self.mode)
+    return carry, {**acts, **outs}
 
 
 def _log_keys(datas):

@@ -1,27 +1,44 @@
-"""Any jitted batched policy as a batch-server handler, with or without
-per-env carries: the actor's machinery without the DreamerV3 agent.
+"""Any jitted batched policy as a batch-server handler: the one inference
+path, which the DreamerV3 actor (`actor.py`) runs too.
 
-  policy = BatchedPolicy(fn, spec, carry=None, slots=64, buckets=None)
+  policy = BatchedPolicy(fn, spec, carry=None, params=None, slots=64)
   replies, _ = policy.handle(requests)  # what a BatchServer calls
+  policy.update(new_params, version)    # between batches, no recompile
 
-`fn(obs) -> out` without carries, or `fn(carry, obs) -> (carry, out)` with
-them, takes and returns batches: `obs` a dict of `[B, ...]` arrays shaped
-like `spec` (key -> (shape, dtype) of one env, or a space or array),
-`out` a dict of `[B, ...]` arrays. A request is one env's dict: the keys
-of `spec` (and `envid`, an integer scalar, when there are carries).
+`fn` takes and returns batches; its arguments depend on what the policy
+keeps, in this order: `params` (when given), the carries (when `carry` is
+given), `obs`, and a PRNG key (`keyed=True`, a new key per batch):
+
+  fn(obs) -> out                         fn(carry, obs) -> (carry, out)
+  fn(params, obs) -> out                 fn(params, carry, obs) -> (carry, out)
+
+`obs` is a dict of `[B, ...]` arrays shaped like `spec` (key -> (shape,
+dtype) of one env, or a space or array), `out` a dict of `[B, ...]` arrays.
+A request is one env's dict: the keys of `spec`, `envid` (an integer
+scalar) when there are carries, any of the `meta` keys, and `log/` keys.
+
+Params: `params` is the first pytree, or a `ParamsStore` to share with a
+trainer; `update(params, version)` publishes new ones, which the next batch
+uses (they are an argument of the jitted step, so nothing recompiles), and
+every reply carries the `version` that acted.
 
 Carries: `carry` is one env's initial carry (a pytree of arrays). The table
-of `slots + 1` carries lives on `device`; each env id gets a slot on its
-first call and keeps it, so the carry a call gets is the one its env's
-previous call returned (`carries.py`). Resetting is the policy's business:
-send a flag such as `is_first` and select the initial carry inside `fn`.
+of `slots + 1` carries lives on the lane's device; each env id gets a slot
+on its first call and keeps it, so the carry a call gets is the one its
+env's previous call returned (`carries.py`). Resetting is the policy's
+business: send a flag such as `is_first` and select the initial carry
+inside `fn`.
 
-Batches are padded to the next of `buckets` (powers of two up to `slots` by
-default) and every bucket is compiled by `compile()`, so nothing compiles
-while callers wait. A request that does not fit `spec` gets a RequestError
-of its own; the rest of its batch is served.
+Lanes: one per device of `devices` (or of the params store), each with its
+own carry table and params copy; a request names its lane (the batch
+server routes each connection to one). Batches are padded to the next of
+`buckets` (powers of two up to `slots` by default) and every bucket is
+compiled by `compile()`, so nothing compiles while callers wait. A request
+that does not fit gets a RequestError of its own; the rest of its batch is
+served.
 """
 
+import itertools
 import time
 
 import jax
@@ -29,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dreamer_ver.actor.carries import CarryLane, table_step
+from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.actor.preemption import powers_of_two
 from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 
@@ -36,80 +54,142 @@ from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 class BatchedPolicy:
 
   def __init__(self, fn, spec, carry=None, slots=64, buckets=None,
-               device=None):
+               device=None, params=None, version=0, devices=None, meta=(),
+               keyed=False, seed=0):
     self.spec = {k: _struct(v) for k, v in spec.items()}
     self.slots = int(slots)
     self.buckets = sorted(set(buckets or powers_of_two(self.slots)))
-    self.device = device
-    self.lane = None
-    if carry is None:
-      self._step = jax.jit(fn)
-    else:
-      table = jax.tree.map(
+    self.meta = tuple(meta)
+    self.carries = carry is not None
+    if devices is None:
+      devices = params.devices if isinstance(params, ParamsStore) else (
+          device,)
+    self.store = params
+    if params is not None and not isinstance(params, ParamsStore):
+      self.store = ParamsStore(params, version, devices)
+    def table():  # One per lane: the jitted step donates it.
+      return () if carry is None else jax.tree.map(
           lambda x: jnp.repeat(jnp.asarray(x)[None], self.slots + 1, 0), carry)
-      self.lane = CarryLane(0, table, self.slots, device)
-      self._step = jax.jit(table_step(fn), donate_argnums=(0,))
-    self.out_spec = self._out_spec()
+    self.lanes = [CarryLane(i, table(), self.slots, d)
+                  for i, d in enumerate(devices)]
+    self.key = jax.random.PRNGKey(seed)
+    self._batch_numbers = itertools.count()  # one PRNG stream per batch
+    self._step = jax.jit(table_step(_normalized(
+        fn, params is not None, self.carries, keyed)), donate_argnums=(0,))
+    self._out_spec = None
 
   @property
   def max_batch(self):
     return self.buckets[-1]
 
+  @property
+  def version(self):
+    return self.store.version if self.store is not None else 0
+
+  def update(self, params, version):
+    """Publishes new params; the next batch of every lane uses them."""
+    if self.store is None:
+      raise ValueError('this policy was built without params')
+    self.store.publish(params, version)
+
   def compile(self):
-    """Compiles every bucket; returns the seconds of one compiled call per
-    bucket (a cutoff's starting estimate)."""
-    times = {}
-    for size in self.buckets:
-      obs = {k: np.zeros((size, *s.shape), s.dtype)
-             for k, s in self.spec.items()}
-      for _ in range(2):  # The second call measures the compiled step.
-        start = time.perf_counter()
-        jax.block_until_ready(self._run(obs, size))
-        times[size] = time.perf_counter() - start
+    """Compiles every bucket on every lane's device; returns the seconds of
+    one compiled call per bucket, one dict per lane (a cutoff's starting
+    estimate)."""
+    times = []
+    for lane in self.lanes:
+      times.append({})
+      params = self._params(lane)[0]
+      for size in self.buckets:
+        obs = {k: np.zeros((size, *s.shape), s.dtype)
+               for k, s in self.spec.items()}
+        slots = np.full((size,), lane.padding, np.int32)
+        for _ in range(2):  # The second call measures the compiled step.
+          start = time.perf_counter()
+          jax.block_until_ready(self.forward(lane, params, slots, obs,
+                                             self.key))
+          times[-1][size] = time.perf_counter() - start
     return times
 
   def handle(self, requests):
-    """Batch server handler: one reply (dict of arrays) or RequestError
-    per request, in order."""
-    replies, valid = admit(requests, self.spec, self.lane)
+    """Batch server handler: one reply (dict of arrays, with `version` when
+    the policy has params) or RequestError per request, in order."""
+    index = requests[0].lane  # A batch is cut from one lane.
+    lane = self.lanes[index] if self.carries else None
+    replies, valid = admit(requests, self.spec, lane, self.meta)
     if not valid:
       return replies, None
-    datas = [requests[i].data for i in valid]
-    size = bucket_of(self.buckets, len(datas))
-    obs = stack_rows(datas, self.spec, size)
-    slots = [self.lane.slot_of[int(d['envid'])] for d in datas
-             ] if self.lane is not None else []
-    out = jax.device_get(self._run(obs, size, slots))
+    _, out, version = self.run([requests[i].data for i in valid], index)
+    if self.store is not None:
+      out['version'] = np.full((len(valid),), version, np.int64)
     for row, i in enumerate(valid):
       replies[i] = {k: v[row] for k, v in out.items()}
     return replies, None
 
-  def _run(self, obs, size, slots=()):
-    """The jitted step on a padded batch; `slots` are the carry slots of
-    its first rows (the rest read and write the padding row)."""
-    if self.device is not None:
-      obs = jax.device_put(obs, self.device)
-    if self.lane is None:
-      return self._step(obs)
-    index = np.full((size,), self.lane.padding, np.int32)
-    index[:len(slots)] = slots
-    with self.lane.lock:
-      self.lane.table, out = self._step(self.lane.table, index, obs)
+  def run(self, datas, lane=0):
+    """The policy on valid request dicts of lane `lane` (admitted: their
+    env ids hold carry slots): (the stacked obs and the out, one row per
+    request, on the host; the params version that acted)."""
+    n = len(datas)
+    size = bucket_of(self.buckets, n)
+    obs = stack_rows(datas, self.spec, size)
+    lane = self.lanes[lane]
+    with lane.lock:
+      slots = np.full((size,), lane.padding, np.int32)
+      if self.carries:
+        slots[:n] = [lane.slot(int(d['envid'])) for d in datas]
+      params, version = self._params(lane)
+      key = jax.random.fold_in(self.key, next(self._batch_numbers))
+      out = self.forward(lane, params, slots, obs, key)
+    out = jax.device_get(out)
+    return ({k: v[:n] for k, v in obs.items()},
+            {k: v[:n] for k, v in out.items()}, version)
+
+  def forward(self, lane, params, slots, obs, key):
+    """The jitted step alone: gathers the carries at `slots` of the lane's
+    table, runs the policy and scatters the new carries back. Returns `out`
+    on the device; the caller holds `lane.lock` if other threads serve the
+    lane."""
+    if lane.device is not None:
+      obs = jax.device_put(obs, lane.device)
+    lane.table, out = self._step(lane.table, slots, params, obs, key)
     return out
 
-  def _out_spec(self):
+  @property
+  def out_spec(self):
     """One row of the policy's output: key -> (shape, dtype), what a shared
-    memory client needs to know of the reply."""
-    obs = {k: jax.ShapeDtypeStruct((1, *s.shape), s.dtype)
-           for k, s in self.spec.items()}
-    if self.lane is None:
-      out = jax.eval_shape(self._step, obs)
-    else:
-      index = jax.ShapeDtypeStruct((1,), np.int32)
-      _, out = jax.eval_shape(self._step, self.lane.table, index, obs)
-    if not isinstance(out, dict):
-      raise TypeError(f'the policy must return a dict of arrays, got {out}')
-    return {k: (tuple(v.shape[1:]), np.dtype(v.dtype)) for k, v in out.items()}
+    memory client needs to know of the reply (traced once, when asked)."""
+    if self._out_spec is None:
+      lane = self.lanes[0]
+      obs = {k: jax.ShapeDtypeStruct((1, *s.shape), s.dtype)
+             for k, s in self.spec.items()}
+      slots = jax.ShapeDtypeStruct((1,), np.int32)
+      _, out = jax.eval_shape(self._step, lane.table, slots,
+                              self._params(lane)[0], obs, self.key)
+      if not isinstance(out, dict):
+        raise TypeError(
+            f'the policy must return a dict of arrays, got {out}')
+      self._out_spec = {k: (tuple(v.shape[1:]), np.dtype(v.dtype))
+                        for k, v in out.items()}
+      if self.store is not None:
+        self._out_spec['version'] = ((), np.dtype(np.int64))
+    return self._out_spec
+
+  def _params(self, lane):
+    if self.store is None:
+      return (), 0
+    return self.store.latest(lane.index)
+
+
+def _normalized(fn, params, carries, keyed):
+  """`fn` as step(carry, params, obs, key) -> (carry, out), whatever of
+  those it takes (the module docstring's order)."""
+  def step(carry, weights, obs, key):
+    args = ((weights,) if params else ()) + ((carry,) if carries else ()) + (
+        obs,) + ((key,) if keyed else ())
+    result = fn(*args)
+    return tuple(result) if carries else (carry, result)
+  return step
 
 
 def _struct(space):

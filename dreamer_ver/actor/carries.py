@@ -45,6 +45,7 @@ class CarryLane:
 
   def __init__(self, index, table, slots, device=None):
     self.index = index
+    self.device = device
     self.table = table if device is None else jax.device_put(table, device)
     self.slots = int(slots)
     self.padding = self.slots  # the row that padding rows read and write

@@ -8,39 +8,16 @@ Counted with JAX's own monitoring events: a trace of any jitted function
 (`jaxpr_trace_duration`) or a backend compile.
 """
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import monitoring
 
 from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.rpc.batch_server import Request
 from helpers.agent import make_batch, small_config, vector_spaces
-
-EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
-          '/jax/core/compile/backend_compile_duration')
-
-
-@contextlib.contextmanager
-def compiles():
-  """Yields the list of (event, function name) traced or compiled inside."""
-  seen = []
-
-  def listener(event, seconds, **kwargs):
-    del seconds
-    if event in EVENTS:
-      seen.append((event, kwargs.get('fun_name')))
-
-  monitoring.register_event_duration_secs_listener(listener)
-  try:
-    yield seen
-  finally:
-    monitoring.unregister_event_duration_listener(listener)
-
+from helpers.compiles import EVENTS, compiles
 
 def test_the_counter_sees_a_new_trace():
   with compiles() as seen:
