@@ -6,7 +6,10 @@ if any row's carry went to another env, or a padding row wrote into a real
 env's slot, the numbers an env gets back are wrong.
 """
 
+import multiprocessing
+import queue
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 from dreamer_ver.actor import preemption
 from dreamer_ver.inference import InferenceServer
 from dreamer_ver.rpc import ShmClient
+from dreamer_ver.rpc.transport import Transport
 from helpers.compiles import compiles
 
 TIMEOUT = 20.0
@@ -202,3 +206,88 @@ def test_a_weight_update_changes_the_actions_and_their_version_without_a_recompi
     assert server.out_spec['version'] == ((), np.dtype(np.int64))
   finally:
     server.close()
+
+
+class QueueTransport(Transport):
+  """A user's transport over multiprocessing queues (TorchRL's MPTransport):
+  env processes put (client, reqnum, data) on one request queue and read
+  their replies from a queue of their own."""
+
+  kind = 'queues'
+
+  def __init__(self, clients):
+    super().__init__()
+    context = multiprocessing.get_context('spawn')
+    self.requests = context.Queue()
+    self.replies = [context.Queue() for _ in range(clients)]
+    self.conns = {('queues', i) for i in range(clients)}
+
+  def receive(self, timeout):
+    try:
+      client, reqnum, data = self.requests.get(timeout=timeout)
+    except queue.Empty:
+      return []
+    if data is None:  # The client says goodbye.
+      self.conns.discard(('queues', client))
+      self.disconnects += 1
+      return []
+    return [(('queues', client), reqnum, data)]
+
+  def reply(self, conn, reqnum, value):
+    self.replies[conn[1]].put((reqnum, 0, value))
+    return True
+
+  def error_reply(self, conn, reqnum, status, message):
+    self.replies[conn[1]].put((reqnum, status, message))
+    return True
+
+
+def queue_env(requests, replies, done, client, steps):
+  """An env process on the queue transport (env id client + 1); puts what
+  it got on `done`, checked by the parent."""
+  results = []
+
+  def call(data):
+    reqnum = len(results)
+    requests.put((client, reqnum, data))
+    got, status, value = replies.get(timeout=TIMEOUT)
+    assert got == reqnum and status == 0, value
+    return value
+
+  run_env(call, client + 1, steps, results)
+  requests.put((client, None, None))
+  done.put(results)
+
+
+def test_a_transport_of_your_own_serves_with_the_built_in_ones():
+  envs, steps = 3, 8
+  transport = QueueTransport(envs)
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs + 1,
+                           transports=('thread', transport)).start()
+  context = multiprocessing.get_context('spawn')
+  done = context.Queue()
+  procs = [context.Process(target=queue_env, args=(
+      transport.requests, transport.replies[i], done, i, steps))
+      for i in range(envs)]
+  try:
+    for proc in procs:
+      proc.start()
+    results = serve_threads([server.client().call], steps)  # env 0, local
+    for _ in range(envs):
+      results += done.get(timeout=60)
+    check(results, envs + 1, steps)
+    deadline = time.monotonic() + TIMEOUT
+    while transport.conns and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not transport.conns  # Every client said goodbye.
+  finally:
+    for proc in procs:
+      proc.join(10)
+      if proc.is_alive():
+        proc.kill()
+    server.close()
+
+
+def test_an_object_without_the_interface_is_refused_naming_what_it_lacks():
+  with pytest.raises(TypeError, match="lacks.*'receive'"):
+    InferenceServer(counting, SPEC, carry=CARRY, transports=[object()])

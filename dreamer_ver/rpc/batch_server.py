@@ -16,12 +16,9 @@ batch. Calls reach it through one or more transports at once:
   worker threads:   cutoff.decide(pending) -> handler(batch) -> replies
                     -> cutoff.observe_*(...) -> postfn(batch, context)
 
-A transport has `kind`, `conns` (the open connection ids; ids of different
-transports never compare equal), `disconnects` (a count that grows with each
-closed connection), `error` (why it failed, else None), `receive(timeout)`
--> [(conn, reqnum, data: dict of numpy arrays)], `reply(conn, reqnum, value)`
-and `error_reply(conn, reqnum, status, message)` (False if the caller did
-not get the value), `shutdown()` (no new calls) and `close(timeout)`.
+A transport is any object with the interface of `transport.Transport`
+(its docstring is the contract): the built-in ones by name, or a user's
+own, e.g. over multiprocessing queues or Ray.
 
 A cutoff policy is any object with these methods (the actor's preemption
 module provides them; all calls happen under the server's lock, with times
@@ -59,6 +56,7 @@ from .batch_stats import Stats
 from .shm import ShmTransport
 from .tcp_transport import TcpTransport
 from .thread_transport import ThreadTransport
+from .transport import missing
 
 _FAILED = object()  # the context of a batch whose handler raised
 
@@ -80,7 +78,8 @@ class BatchServer:
     one lane each, every lane with `workers` threads of its own.
   transports: which ones serve calls: 'tcp' on `addr` ('host:port');
     'shm' for clients on this host (`shm.py`; they find it by the port of
-    `addr`); 'thread' for in-process callers (`client()`).
+    `addr`); 'thread' for in-process callers (`client()`); or transport
+    objects of your own (`transport.Transport`).
   socket_kwargs: `handshake` (the token every transport checks),
     `max_msg_size` (the largest call, per env row for shm), and for tcp
     the socket's options (`host`, `logging`, ...).
@@ -92,10 +91,16 @@ class BatchServer:
       nodelay=True, **socket_kwargs):
     if workers < 1:
       raise ValueError(f'workers must be >= 1, got {workers}')
-    unknown = set(transports) - {'tcp', 'shm', 'thread'}
-    if unknown or not transports:
-      raise ValueError(f'transports must be some of tcp, shm, thread; got '
-                       f'{list(transports)}')
+    if not transports:
+      raise ValueError('need at least one transport')
+    for transport in transports:
+      if isinstance(transport, str):
+        if transport not in ('tcp', 'shm', 'thread'):
+          raise ValueError(f'transports are tcp, shm, thread or transport '
+                           f'objects; got {transport!r}')
+      elif missing(transport):
+        raise TypeError(f'{transport!r} is not a transport: it lacks '
+                        f'{missing(transport)} (see rpc/transport.py)')
     self.handler = handler
     cutoffs = list(cutoff) if isinstance(cutoff, (list, tuple)) else [cutoff]
     if not cutoffs:
@@ -115,6 +120,11 @@ class BatchServer:
           socket_kwargs.get('max_msg_size'), envid_key)
     if 'thread' in transports:
       self.transports['thread'] = ThreadTransport(method)
+    for transport in transports:
+      if not isinstance(transport, str):
+        if transport.kind in self.transports:
+          raise ValueError(f'two transports of kind {transport.kind!r}')
+        self.transports[transport.kind] = transport
     self._failed = None  # A loop's exception; serving stops.
     self._cond = threading.Condition()
     self._lane_of = {}  # conn -> the _Queue serving that connection

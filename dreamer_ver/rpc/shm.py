@@ -17,9 +17,10 @@ from .addresses import HANDSHAKE
 from .shm_protocol import (
     CALL, MAX_ROWS, MAX_SLOTS, SEALS, SLOT, Slot, array_views, bind, endpoint,
     fill, layout_of, nbytes, reply)
+from .transport import Transport
 
 
-class ShmTransport:
+class ShmTransport(Transport):
 
   kind = 'shm'
 

@@ -11,9 +11,10 @@ import threading
 
 from .addresses import PING
 from .server_socket import BadCall, ServerSocket, check_args, parse_call
+from .transport import Transport
 
 
-class TcpTransport:
+class TcpTransport(Transport):
 
   kind = 'tcp'
 

@@ -16,9 +16,10 @@ import numpy as np
 from portal.client_socket import Disconnected
 
 from .server_socket import check_args
+from .transport import Transport
 
 
-class ThreadTransport:
+class ThreadTransport(Transport):
 
   kind = 'thread'
 
