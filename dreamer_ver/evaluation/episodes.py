@@ -47,11 +47,13 @@ def frame_key(obs_space):
 
 
 def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
-                 duration=0.0, record=False, on_episode=None, stop=None):
+                 duration=0.0, record=False, on_episode=None, stop=None,
+                 max_steps=0):
   """See the module docstring. `on_episode(record)` is called as each
   episode finishes (e.g. to print it). A finished env stops stepping; its
   row keeps its last observation and the policy's output for it is
-  ignored."""
+  ignored. `max_steps` (0 = none) cuts an episode after that many steps:
+  it counts, with `truncated: True`, and the env is reset."""
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
   if len(shares) != len(envs) or min(shares, default=0) < 1:
@@ -105,10 +107,14 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
         score[i], length[i] = 0.0, 0
       score[i] += float(obs['reward'][i])
       length[i] += 1
-      if obs['is_last'][i]:
-        # As `scores.jsonl`: the first observation is not a step.
+      # As `scores.jsonl`: the first observation is not a step.
+      cut = bool(max_steps) and length[i] - 1 >= max_steps and not (
+          obs['is_last'][i])
+      if obs['is_last'][i] or cut:
+        acts['reset'][i] = True
         record = {'env': i, 'episode': done[i], 'score': score[i],
-                  'length': length[i] - 1, 'time': time.time()}
+                  'length': length[i] - 1, 'time': time.time(),
+                  'truncated': cut}
         results.append(record)
         if on_episode:
           on_episode(record)

@@ -163,9 +163,13 @@ class EvalWorker:
           f'eval worker {name!r} ({path}) does not answer: {e!r}') from None
     return worker
 
-  def submit(self, params, version, episodes=1, mode='greedy'):
+  def submit(self, params, version, episodes=1, mode='greedy', max_steps=0,
+             timeout=None):
     """Queues an evaluation of `params`; returns {'version', 'replaced'}
-    (the version of the waiting job this one replaced, or None)."""
+    (the version of the waiting job this one replaced, or None).
+    `max_steps` (0 = none) cuts each episode after that many steps (it
+    counts as truncated); `timeout` (seconds; None: `run.eval_timeout`)
+    bounds the whole evaluation."""
     if mode not in MODES:
       raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if int(episodes) != episodes or episodes < 1:
@@ -175,8 +179,13 @@ class EvalWorker:
     if not isinstance(params, Mapping):
       raise TypeError(
           f'params must be a dict of arrays, got {type(params).__name__}')
+    if int(max_steps) != max_steps or max_steps < 0:
+      raise ValueError(f'max_steps must be an integer >= 0, got {max_steps!r}')
+    if timeout is not None and not timeout > 0:
+      raise ValueError(f'timeout must be > 0 seconds, got {timeout!r}')
     params = _numpy_tree(params)
-    return self._call('submit', params, int(version), int(episodes), mode)
+    return self._call('submit', params, int(version), int(episodes), mode,
+                      int(max_steps), float(timeout or 0))
 
   def poll(self, timeout=0.0):
     """The next result not returned yet, waiting up to `timeout` seconds

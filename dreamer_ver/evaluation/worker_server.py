@@ -99,9 +99,13 @@ class _Evaluations:
     self.running = None  # the version being evaluated
     self.results = collections.deque()
 
-  def submit(self, params, version, episodes, mode):
+  def submit(self, params, version, episodes, mode, max_steps=0, timeout=0):
     # Scalars arrive as numpy values from the wire.
     version, episodes, mode = int(version), int(episodes), str(mode)
+    max_steps, timeout = int(max_steps), float(timeout)
+    if max_steps < 0 or timeout < 0:
+      raise ValueError(
+          f'max_steps and timeout must be >= 0, got {max_steps}, {timeout}')
     if mode not in MODES:
       raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if episodes < 1:
@@ -110,7 +114,8 @@ class _Evaluations:
       raise TypeError('params must be a dict of arrays')
     params = {k: params[k] for k in self.keys if k in params}
     _check_shapes(params, self.shapes)
-    job = dict(params=params, version=version, episodes=episodes, mode=mode)
+    job = dict(params=params, version=version, episodes=episodes, mode=mode,
+               max_steps=max_steps, timeout=timeout)
     with self.cond:
       replaced = self.pending['version'] if self.pending else None
       self.pending = job
@@ -165,7 +170,7 @@ class _Evaluations:
           self.results.append(result)
         self.cond.notify_all()
 
-  def _evaluate(self, params, version, episodes, mode):
+  def _evaluate(self, params, version, episodes, mode, max_steps, timeout):
     import jax
     from dreamer_ver.evaluation.episodes import episode_shares, run_episodes
     start = time.time()
@@ -173,17 +178,18 @@ class _Evaluations:
       if self.envs is None:
         self.envs = self._build_envs()
       count = min(len(self.envs), episodes)
-      timeout = self.config.run.eval_timeout
+      timeout = timeout or self.config.run.eval_timeout
       episodes_run, frames = run_episodes(
           self.agent, jax.device_put(params, self.device), self.envs[:count],
           episode_shares(episodes, count), mode, self.config.seed,
-          duration=timeout, record=True, stop=self.stop)
+          duration=timeout, record=True, stop=self.stop, max_steps=max_steps)
       if self.stop.is_set():
         return None  # Shutting down: the episodes were cut short.
       if len(episodes_run) < episodes:
         self.close_envs()  # Mid-episode: the next evaluation starts afresh.
         return {'error': (
-            f'the evaluation ran past run.eval_timeout ({timeout:g} s) with '
+            f'the evaluation ran past its time limit ({timeout:g} s, '
+            f'run.eval_timeout or the submit timeout) with '
             f'{len(episodes_run)} of {episodes} episodes finished; do the '
             'eval envs end their episodes (a time limit)?'),
             'version': version}
@@ -199,6 +205,7 @@ class _Evaluations:
         'score_mean': float(np.mean(scores)),
         'score_std': float(np.std(scores)),
         'length_mean': float(np.mean(lengths)),
+        'truncated': sum(r['truncated'] for r in episodes_run),
         'length_std': float(np.std(lengths)),
         'seconds': time.time() - start, 'frames': frames}
 

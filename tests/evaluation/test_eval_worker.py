@@ -213,6 +213,21 @@ def test_an_evaluation_past_run_eval_timeout_is_an_error_result(config, agent):
     worker.shutdown()
 
 
+def test_max_steps_ends_the_episodes_of_an_env_without_a_time_limit(
+    config, agent):
+  worker = EvalWorker(config, name='cut', env_maker=endless_env)
+  try:
+    worker.submit(cue_params(agent, True), 1, episodes=3, max_steps=7)
+    result = worker.poll(timeout=120)
+    assert result['lengths'] == [7, 7, 7] and result['truncated'] == 3, result
+    # A time limit of this evaluation alone, below run.eval_timeout.
+    worker.submit(cue_params(agent, True), 2, episodes=1, timeout=1.0)
+    result = worker.poll(timeout=120)
+    assert result['version'] == 2 and 'time limit (1 s' in result['error']
+  finally:
+    worker.shutdown()
+
+
 def test_a_record_whose_pid_now_belongs_to_another_process_is_stale(tmp_path):
   # After a container restart, the recorded pid may be any live process:
   # that must not block the name (and evaluation) for the whole run.
