@@ -10,26 +10,35 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   (`supervisor.Supervisor`, not restarted) that exits when the process that
   started it dies; `host='ray'` runs it in a Ray actor (`ray_host.Host`,
   named `eval_worker_<name>` in the caller's Ray namespace; `num_cpus`,
-  `num_gpus` are its Ray resources; the caller must have called
-  `ray.init`), which Ray restarts if it dies, and the handle's connection
+  `num_gpus` are its Ray resources and `remote_kwargs` any other Ray actor
+  option, e.g. `lifetime='detached'` for a worker that outlives the
+  process that started it; the caller must have called `ray.init`), which
+  Ray restarts if it dies, and the handle's connection
   follows it to wherever it serves then (an evaluation running or waiting
   at that moment is lost: submit again). Both run the same code,
   `evaluation/worker_server.py`: it
   builds `run.eval_worker_envs` envs (ids `run.envs + i`, seeded as in every script
   by `envs.make_run_env`), or `env_maker(i)` for i < `run.eval_worker_envs`, an
-  Agent from `config`, and an RPC server that only accepts the run's token.
+  Agent from `config` (or the policy `policy_maker(obs_space, act_space)`
+  returns: any object with the agent's `init_params(seed)`,
+  `init_carry(n)` and `policy(params, carry, obs, key, mode) -> (carry,
+  act, out)`), and an RPC server that only accepts the run's token.
   It runs the episode loop of `evaluation/episodes.py` with the agent's
   jitted policy on its own copy of the params and its own carry; it never
   touches the actor. The handle lives in the caller and imports neither JAX
   nor the agent. The worker never preallocates GPU memory (it shares the
   device with the run).
-* `submit(params, version, episodes, mode)` returns once the worker has
+* `submit(params, version, episodes, mode, max_steps, timeout)` returns
+  once the worker has
   checked and queued the job, without waiting for its episodes. `params`:
   the policy params (`agent.policy_params(params)`; all params are accepted
   and cut down to them), nested dicts of arrays, sent as numpy; shapes that
   do not match the worker's agent are an error to the caller. `mode`:
   'greedy' or 'sample'. Episodes are split evenly over
   min(`run.eval_worker_envs`, episodes) envs, as in `--script eval_only`.
+  `max_steps` (0 = none) cuts an episode after that many steps (it counts,
+  as `truncated`); `timeout` bounds this evaluation (default
+  `run.eval_timeout`).
 * Queue: one evaluation runs and at most one waits. A submit while one runs
   replaces the waiting job, if any (submit returns its version as
   `replaced`): evaluating params that newer ones have superseded is wasted
@@ -38,13 +47,14 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   is not replaced gets a result.
 * `poll(timeout=0)` returns None, or the oldest result not returned yet
   (each exactly once): version, mode, episodes, scores, lengths (per
-  episode), score_mean, score_std, length_mean, length_std, seconds (wall
-  clock of the evaluation) and frames (uint8 [T, H, W, C] of the first
-  episode when the env renders, `evaluation.frame_key`; else None). An
-  evaluation that raised (e.g. an env failed) gives {'error': '<type>:
-  <message>', 'version': v} instead; the worker then builds its envs anew
-  for the next job.
-* Callables: `env_maker(index) -> Env` and `init_fn()` (run first in the
+  episode), score_mean, score_std, length_mean, length_std, truncated
+  (episodes cut by max_steps), seconds (wall clock of the evaluation) and
+  frames (uint8 [T, H, W, C] of the first episode when the env renders,
+  `evaluation.frame_key`; else None). An evaluation that raised (e.g. an
+  env failed) gives {'error': '<type>: <message>', 'version': v} instead;
+  the worker then builds its envs anew for the next job.
+* Callables: `env_maker(index) -> Env`, `policy_maker` and `init_fn()`
+  (run first in the
   worker, before JAX starts: e.g. to register an env suite or set XLA
   flags) are 'module:function' strings or picklable top-level functions;
   both are checked in the caller (a lambda or closure is refused there), as
@@ -55,7 +65,9 @@ so training never waits for them (after TorchRL's RayEvalWorker).
   every reconnect, so it follows a worker that was restarted under the same
   name. The token is `token`, else DREAMER_VER_TOKEN, else `<logdir>/token`
   (never in that file). Such a handle does not own the worker: `close()`
-  disconnects, `shutdown()` still asks the worker to stop.
+  disconnects, `shutdown()` still asks the worker to stop. Without a
+  `logdir`, `from_name(name, token=...)` finds a Ray-hosted worker through
+  Ray's named actors (a caller on the cluster, after `ray.init`).
 * `cancel` (an Event, optional): setting it ends the wait for a worker
   that is still starting (an error), e.g. when the caller shuts down.
 * `PeriodicEvaluation` (below) is the runs' use of it: the agent process
@@ -94,7 +106,8 @@ class EvalWorker:
 
   def __init__(self, config, name='eval', env_maker=None, init_fn=None,
                host='process', num_cpus=1.0, num_gpus=0.0,
-               start_timeout=START_SECONDS, cancel=None):
+               start_timeout=START_SECONDS, cancel=None, policy_maker=None,
+               remote_kwargs=None):
     _check_name(name)
     if host not in HOSTS:
       raise ValueError(f'host must be one of {HOSTS}, got {host!r}')
@@ -103,6 +116,7 @@ class EvalWorker:
                        f'{config.run.eval_worker_envs}')
     env_maker = _portable(env_maker, 'env_maker')
     init_fn = _portable(init_fn, 'init_fn')
+    policy_maker = _portable(policy_maker, 'policy_maker')
     config = with_token(config).update({'jax.prealloc': False})
     self.name = name
     self.record = record_path(config.logdir, name)
@@ -112,7 +126,7 @@ class EvalWorker:
       self._children = Supervisor()
       self._process = self._children.start(
           f'eval_worker_{name}', EVAL_WORKER, config, name, env_maker, init_fn,
-          restart=False)
+          policy_maker, restart=False)
       try:
         addr = wait_for_record(
             self.record, self._process, start_timeout, cancel)['addr']
@@ -123,9 +137,11 @@ class EvalWorker:
       from dreamer_ver.cluster import ray_host
       actor = f'eval_worker_{name}'
       self._actor = ray_host.start(
-          config, actor, EVAL_WORKER, name, env_maker, init_fn,
-          serves='run.eval_addr', num_cpus=num_cpus,
-          num_gpus=ray_host.available_gpus(num_gpus))
+          config, actor, EVAL_WORKER, name, env_maker, init_fn, policy_maker,
+          serves='run.eval_addr', **{
+              'num_cpus': num_cpus,
+              'num_gpus': ray_host.available_gpus(num_gpus),
+              **(remote_kwargs or {})})
       addr = ray_host.Lookup(actor)
     self._client = Client(
         addr, f'EvalWorker{name}', **client_kwargs(config))
@@ -138,29 +154,35 @@ class EvalWorker:
         raise
 
   @classmethod
-  def from_name(cls, name, logdir, token=None, timeout=10.0):
-    """A handle of the running worker `name` of the run in `logdir`."""
+  def from_name(cls, name, logdir=None, token=None, timeout=10.0):
+    """A handle of the running worker `name` of the run in `logdir`, or
+    with `logdir` None, of the Ray-hosted worker `name` in the caller's
+    Ray namespace (the caller has called `ray.init` on its cluster)."""
     _check_name(name)
-    path = record_path(logdir, name)
-    if not path.is_file():
-      raise FileNotFoundError(
-          f'no eval worker named {name!r} runs for {logdir} (no {path})')
     token = token or os.environ.get(TOKEN_ENV, '')
-    if not token and (Path(logdir) / 'token').is_file():
-      token = (Path(logdir) / 'token').read_text().strip()
+    if logdir is None:
+      from dreamer_ver.cluster import ray_host
+      path, addr = None, ray_host.Lookup(f'eval_worker_{name}')
+    else:
+      path = record_path(logdir, name)
+      if not path.is_file():
+        raise FileNotFoundError(
+            f'no eval worker named {name!r} runs for {logdir} (no {path})')
+      if not token and (Path(logdir) / 'token').is_file():
+        token = (Path(logdir) / 'token').read_text().strip()
+      addr = recorded_addr(path)
     worker = cls.__new__(cls)
     worker.name = name
     worker.record = path
     worker._children = worker._process = worker._actor = None  # Not owned.
     worker._client = Client(
-        recorded_addr(path), f'EvalWorker{name}',
-        handshake=addresses.handshake(token))
+        addr, f'EvalWorker{name}', handshake=addresses.handshake(token))
     try:
       worker._call('status', wait=timeout)
     except Exception as e:
       worker.close()
       raise ConnectionError(
-          f'eval worker {name!r} ({path}) does not answer: {e!r}') from None
+          f'eval worker {name!r} ({path or addr}) does not answer: {e!r}') from None
     return worker
 
   def submit(self, params, version, episodes=1, mode='greedy', max_steps=0,

@@ -25,7 +25,8 @@ from dreamer_ver.evaluation.records import (
     MODES, process_identity, record_path, remove_record)
 
 
-def serve(config, name, env_maker=None, init_fn=None, stop=None):
+def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
+          stop=None):
   """The worker: a child process of its EvalWorker's owner (`stop` None;
   it also ends when that process dies), or a thread of a Ray Host (`stop`
   is the Host's; Ray restarts it if its worker process dies). It serves at
@@ -42,7 +43,8 @@ def serve(config, name, env_maker=None, init_fn=None, stop=None):
     make = lambda i: make_run_env(config, config.run.envs + i)
   else:
     make = load(env_maker)
-  evaluations = _Evaluations(config, make, device, stop, hosted=parent is None)
+  evaluations = _Evaluations(config, make, device, stop, hosted=parent is None,
+                             policy_maker=policy_maker)
   addr = config.run.eval_addr
   if not addr:
     port = addresses.free_port()
@@ -80,7 +82,8 @@ class _Evaluations:
   results not polled yet. `submit`, `poll` and `status` run on the server's
   threads, `run` on the evaluation thread."""
 
-  def __init__(self, config, make_env, device, stop, hosted=False):
+  def __init__(self, config, make_env, device, stop, hosted=False,
+               policy_maker=None):
     from dreamer_ver.agent.agent import Agent, policy_params
     self.config = config
     self.make_env = make_env
@@ -90,10 +93,15 @@ class _Evaluations:
     self.count = int(config.run.eval_worker_envs)
     self.envs = self._build_envs()
     env = self.envs[0]
-    self.agent = Agent(env.obs_space, env.act_space, config)
-    template = policy_params(self.agent.init_params(0))
+    if policy_maker is None:
+      self.agent = Agent(env.obs_space, env.act_space, config)
+      template = policy_params(self.agent.init_params(0))
+    else:  # A user's policy, with the agent's policy interface.
+      self.agent = load(policy_maker)(env.obs_space, env.act_space)
+      template = self.agent.init_params(0)
     self.keys = tuple(template)
-    self.shapes = {path: leaf.shape for path, leaf in _leaves(template)}
+    self.shapes = {path: (tuple(np.shape(leaf)), np.asarray(leaf).dtype)
+                   for path, leaf in _leaves(template)}
     self.cond = threading.Condition()
     self.pending = None  # the job waiting to run
     self.running = None  # the version being evaluated
@@ -232,14 +240,19 @@ def _leaves(tree, prefix=''):
 
 
 def _check_shapes(params, shapes):
-  got = {path: tuple(np.shape(leaf)) for path, leaf in _leaves(params)}
+  """ValueError naming every leaf of `params` missing, unexpected, or of
+  another shape or dtype than `shapes` (path -> (shape, dtype)): one of
+  another dtype would make the jitted policy compile again, or fail."""
+  got = {path: (tuple(np.shape(leaf)), np.asarray(leaf).dtype)
+         for path, leaf in _leaves(params)}
   missing = sorted(set(shapes) - set(got))
   extra = sorted(set(got) - set(shapes))
-  wrong = [f'{p} {got[p]} (expected {shapes[p]})' for p in sorted(got)
-           if p in shapes and got[p] != tuple(shapes[p])]
+  wrong = [f'{p} {got[p][1]}{list(got[p][0])} (expected '
+           f'{shapes[p][1]}{list(shapes[p][0])})' for p in sorted(got)
+           if p in shapes and got[p] != shapes[p]]
   problems = [f'{label}: {", ".join(items[:5])}' for label, items in (
-      ('missing', missing), ('unexpected', extra), ('wrong shape', wrong))
-      if items]
+      ('missing', missing), ('unexpected', extra),
+      ('wrong shape or dtype', wrong)) if items]
   if problems:
     raise ValueError(
         'params do not fit the eval worker\'s agent (same config as the run?) '

@@ -19,7 +19,7 @@ from dreamer_ver.envs.wrappers import Wrapper
 from dreamer_ver.evaluation import episodes as evaluation
 from dreamer_ver.evaluation.worker import EvalWorker, record_path
 from helpers.evaluation import (  # noqa: F401  (config, agent: fixtures)
-    LENGTH, agent, config, cue_params, poll_from_another_process)
+    LENGTH, agent, config, cue_params, cue_policy, poll_from_another_process)
 from helpers.runs import wait_until
 
 
@@ -224,6 +224,18 @@ def test_max_steps_ends_the_episodes_of_an_env_without_a_time_limit(
     worker.submit(cue_params(agent, True), 2, episodes=1, timeout=1.0)
     result = worker.poll(timeout=120)
     assert result['version'] == 2 and 'time limit (1 s' in result['error']
+  finally:
+    worker.shutdown()
+
+
+def test_a_custom_policy_scores_exactly_what_its_params_say(config):
+  worker = EvalWorker(config, name='custom', policy_maker=cue_policy)
+  try:
+    for version, flip, score in ((1, 0, LENGTH), (2, 1, 0)):
+      worker.submit({'flip': np.int32(flip)}, version, episodes=3)
+      result = worker.poll(timeout=120)
+      assert result['version'] == version, result
+      assert result['scores'] == [score] * 3, result
   finally:
     worker.shutdown()
 

@@ -99,3 +99,29 @@ def poll_from_another_process(name, logdir):
       text=True, timeout=300, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
   assert done.returncode == 0, done.stderr
   return json.loads(done.stdout.splitlines()[-1])
+
+
+class CuePolicy:
+  """A user's policy for the eval worker (`policy_maker`): acts the cue
+  XOR `params['flip']`, so flip 0 scores LENGTH and flip 1 scores 0.
+  It has the agent's policy interface: init_params, init_carry, policy."""
+
+  def __init__(self, obs_space, act_space):
+    self.act_space = act_space
+
+  def init_params(self, seed):
+    del seed
+    return {'flip': np.zeros((), np.int32)}
+
+  def init_carry(self, batch):
+    return np.zeros((batch,), np.int32)
+
+  def policy(self, params, carry, obs, key, mode):
+    del key, mode
+    cue = (np.asarray(obs['vector'])[:, 0] > 0.5).astype(np.int32)
+    action = np.bitwise_xor(cue, np.asarray(params['flip'], np.int32))
+    return carry, {'action': action}, {}
+
+
+def cue_policy(obs_space, act_space):
+  return CuePolicy(obs_space, act_space)

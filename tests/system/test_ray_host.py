@@ -1,10 +1,11 @@
-"""A component hosted by `runtime/ray_host.Host` on a local Ray instance:
+"""A component hosted by `cluster/ray_host.Host` on a local Ray instance:
 one that fails restarts, even when it set its own stop event first (as the
 agent does to stop its threads)."""
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip('ray')
@@ -28,9 +29,10 @@ def fails_once(config, marker, stop):
 
 @pytest.fixture
 def local_ray():
-  """Ray on this machine, whose workers import this module."""
-  path = os.pathsep.join(p for p in (str(TESTS), os.environ.get(
-      'PYTHONPATH', '')) if p)
+  """Ray on this machine, whose workers import this module and the
+  tests' helpers."""
+  path = os.pathsep.join(p for p in (
+      str(TESTS), str(TESTS.parent), os.environ.get('PYTHONPATH', '')) if p)
   ray.init(address='local', num_cpus=1, namespace='ray-host',
            include_dashboard=False,
            runtime_env={'env_vars': {'PYTHONPATH': path}})
@@ -49,3 +51,27 @@ def test_a_component_that_fails_after_setting_its_stop_restarts(
   finally:
     ray.kill(host, no_restart=True)
   assert marker.read_text() == '2'
+
+
+def test_a_detached_ray_worker_with_a_custom_policy_is_found_by_name(
+    local_ray, tmp_path):
+  """The eval worker's Ray options: any Ray option passes through
+  (`lifetime='detached'`: it outlives its handle), a custom policy
+  (`policy_maker`), and `from_name` through Ray's named actors."""
+  from dreamer_ver import config as configlib
+  from dreamer_ver.evaluation.worker import EvalWorker
+  from helpers.evaluation import FLAGS, LENGTH
+  config = configlib.load_config([*FLAGS, '--logdir', str(tmp_path)])
+  owner = EvalWorker(config, name='custom', host='ray', num_cpus=0.5,
+                     policy_maker='helpers.evaluation:cue_policy',
+                     remote_kwargs={'lifetime': 'detached'})
+  try:
+    owner.close()  # The handle goes; the detached worker stays.
+    token = (tmp_path / 'token').read_text().strip()
+    found = EvalWorker.from_name('custom', token=token, timeout=60)
+    found.submit({'flip': np.int32(0)}, 7, episodes=2)
+    result = found.poll(timeout=120)
+    assert result['version'] == 7 and result['scores'] == [LENGTH] * 2
+    found.close()
+  finally:
+    owner.shutdown(timeout=10)
