@@ -38,6 +38,19 @@ SCRIPTS = {
     'eval_only': 'dreamer_ver.scripts.eval_only:eval_only',
 }
 
+# What each script runs on this host, so what `preflight` checks before it
+# starts: the task's envs, the logger's outputs, JAX's platform.
+PREFLIGHT = {
+    'train': {}, 'parallel': {}, 'eval_only': dict(outputs=False),
+    'parallel_env': dict(outputs=False, platform=False),
+    'parallel_envs': dict(outputs=False, platform=False),
+    'parallel_replay': dict(task=False, outputs=False, platform=False),
+    'parallel_logger': dict(task=False, platform=False),
+    'parallel_agent': dict(outputs=False),
+    'parallel_learner': dict(outputs=False),
+    'ray': dict(task=False, platform=False),
+}
+
 # Scripts that run only env processes or a multi-host run's other learners:
 # they neither create the logdir nor write config.yaml into it (the host
 # that owns the logdir does that).
@@ -117,6 +130,11 @@ def main(argv=None):
         f'{_available()}')
 
   config = configlib.resolve_logdir(config)
+  from . import preflight
+  try:
+    preflight.check(config, **PREFLIGHT.get(config.script, {}))
+  except configlib.ConfigError as e:
+    return _error(e)
   names, _, _ = configlib.split_argv(argv)
   print(configlib.summary(config, names), flush=True)
 

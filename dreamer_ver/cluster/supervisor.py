@@ -83,8 +83,10 @@ class Supervisor:
   Kubernetes) sees the failure. `crash_limit` 0 restarts for ever.
 
   A child started with a `probe` (the address its server listens on) is
-  sent a heartbeat (`rpc.addresses.PING`) every tick; once it answered one
-  (it is up), silence for `peer_timeout / 6` seconds is reported by name,
+  sent a heartbeat (`rpc.addresses.PING`) every tick. One that fails in its
+  first life before it ever answered (a bad flag, a damaged file) is not
+  restarted: the run stops with its exit code. Once it answered one (it is
+  up), silence for `peer_timeout / 6` seconds is reported by name,
   and for `peer_timeout` means it hangs (stopped, deadlocked, its receive
   loop dead): it is killed and restarted like a crash. `stop_all()` ends supervision, then stops the children
   in groups of rising `stop_order` (e.g. envs before the servers they feed,
@@ -168,6 +170,13 @@ class Supervisor:
       if self.gave_up is not None and self.gave_up[0] == name:
         continue
       if name not in self.due:
+        if self._failed_at_start(name, proc):
+          self.gave_up = (name, proc.exitcode)
+          print(f'{name} failed before it ever served (exit code '
+                f'{proc.exitcode}; its error is above): a mistake at start '
+                'does not go away by restarting; stopping the run.',
+                flush=True)
+          continue
         if self._crash_loop(name, now):
           self.gave_up = (name, proc.exitcode)
           print(f'{name} failed {self.crash_limit} times within '
@@ -208,6 +217,13 @@ class Supervisor:
       print(f'{name} (pid {proc.pid}) has answered no heartbeat for '
             f'{silence:.0f} s; killed at {self.peer_timeout:g} s '
             '(run.peer_timeout).', flush=True)
+
+  def _failed_at_start(self, name, proc):
+    """Whether a child with a heartbeat failed (a non-zero exit of its own,
+    not a signal) in its first life, before it ever answered one."""
+    heartbeat = self.heartbeats.get(name)
+    return (heartbeat is not None and heartbeat.answered is None
+            and not self.restarts[name] and proc.exitcode > 0)
 
   def _crash_loop(self, name, now):
     """Counts a crash; True once `crash_limit` fell within the window."""

@@ -82,10 +82,17 @@ class ServerSocket(portal.ServerSocket):
   MAX_HANDSHAKING wait at a time (the oldest is closed for a newcomer),
   and a failed accept() closes the oldest waiting connection, or else
   pauses accepting briefly, instead of ending the thread.
+
+  Only problems are printed: portal's lines for binding, every accepted
+  connection, a peer that went away (reset, end of file) and replies
+  dropped for it are routine and would bury a run's progress; a refused
+  handshake or a broken frame is still printed.
   """
 
   HANDSHAKE_SECONDS = 10.0
   MAX_HANDSHAKING = 64
+  ROUTINE = ('Binding to', 'Listening at', 'Accepted connection', 'Dropping')
+  GONE = ('ConnectionResetError', 'BrokenPipeError', 'EOFError')
 
   def __init__(self, addr, name, nodelay=True, **kwargs):
     """Listens on the port of `addr` ('host:port'), on the interface its
@@ -95,6 +102,14 @@ class ServerSocket(portal.ServerSocket):
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
     super().__init__(port, name, host=host, ipv6=':' in host, **kwargs)
+
+  def _log(self, *args, **kwargs):
+    message = ' '.join(map(str, args))
+    if message.startswith(self.ROUTINE) or (
+        message.startswith('Closed connection') and (
+            '(' not in message or any(g in message for g in self.GONE))):
+      return
+    super()._log(*args, **kwargs)
 
   def _accept(self, sock):
     now = time.monotonic()

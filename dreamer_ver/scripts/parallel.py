@@ -20,13 +20,10 @@ module only wires processes; what runs in each is in `runtime/`, and the
 processes that start them never load JAX.
 """
 
-import sys
-
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.supervisor import Supervisor
 from dreamer_ver.cluster.targets import AGENT, ENVS, LEARNER, LOGGER, REPLAY
 from dreamer_ver.cluster.token import with_token
-from dreamer_ver.logger.outputs import missing
 from dreamer_ver.rpc.addresses import fill_auto_ports, handshake
 from dreamer_ver.runtime.env_worker import fleets, run_env
 
@@ -37,8 +34,6 @@ SERVERS_STOP_LAST = 1  # envs and agent stop first, so the servers save all
 def parallel(config):
   """All components on this machine, each in a supervised child process.
   Returns 0 once the agent finished (or on SIGINT/SIGTERM)."""
-  if _outputs_missing(config):
-    return 2
   config = with_token(_with_ports(config))
   run = config.run
   stop = StopSignal()
@@ -76,8 +71,6 @@ def parallel_replay(config):
 
 
 def parallel_logger(config):
-  if _outputs_missing(config):
-    return 2
   return _supervised(config, 'logger', LOGGER, config.run.logger_addr)
 
 
@@ -118,13 +111,6 @@ def _wait(children, name, stop):
     return children.wait_for(name, stop)
   finally:
     children.stop_all()
-
-
-def _outputs_missing(config):
-  problem = missing(config)
-  if problem:
-    print(f'error: {problem}', file=sys.stderr)
-  return bool(problem)
 
 
 def _with_ports(config):

@@ -28,11 +28,9 @@ resumes. Ray itself is imported only by this script (`pip install
 import hashlib
 import math
 import os
-import sys
 import time
 
 from dreamer_ver.runtime.env_worker import fleets
-from dreamer_ver.logger.outputs import missing
 from dreamer_ver.cluster.links import RAY_PREFIX
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.targets import AGENT, ENVS, LEARNER, LOGGER, REPLAY
@@ -48,10 +46,6 @@ def ray_cluster(config):
   agent finished (or on SIGINT/SIGTERM), with everything stopped."""
   import ray
 
-  problem = missing(config)
-  if problem:
-    print(f'error: {problem}', file=sys.stderr)
-    return 2
   config = with_token(config).update({
       'run.actor_addr': RAY_PREFIX + 'agent',
       'run.replay_addr': RAY_PREFIX + 'replay',

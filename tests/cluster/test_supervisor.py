@@ -290,3 +290,32 @@ def test_a_hung_child_is_killed_named_and_restarted(tmp_path, capfd):
     if proc.is_alive():
       proc.kill()
   assert children.procs['replay'].exitcode == 0
+
+
+def _fail_at_start(config):
+  """A child that fails before it serves (a mistake at start)."""
+  del config
+  print('ValueError: a mistake at start', flush=True)
+  return 3
+
+
+def test_a_child_that_fails_before_it_ever_served_stops_the_run(
+    tmp_path, capfd):
+  from types import SimpleNamespace
+  from dreamer_ver.rpc.addresses import free_port
+  from dreamer_ver.cluster.supervisor import Supervisor
+  children = Supervisor(backoff=(0.0, 0.0), peer_timeout=30.0)
+  children.start('replay', f'{__name__}:_fail_at_start',
+                 SimpleNamespace(logdir=str(tmp_path)),
+                 probe=f'127.0.0.1:{free_port()}')
+  try:
+    def stopped():
+      children.supervise()
+      return children.gave_up is not None
+    assert _wait_for(stopped, 60, poll=0.2)
+  finally:
+    children.stop_all()
+  assert children.gave_up == ('replay', 3) and children.failure_code() == 3
+  assert children.restarts['replay'] == 0
+  assert 'replay failed before it ever served (exit code 3' in (
+      capfd.readouterr().out)

@@ -516,10 +516,18 @@ def test_released_shipments_are_stored_without_waiting_for_the_learner(
     thread.join(timeout=5)
     assert replies == [{}] and service.stats()['replay/items'] == 36
     other = {**trans([1] * 40, range(40)), 'shipment': np.array([8, 0])}
-    blocked = threading.Thread(target=service.add_batch, args=(other,),
-                               daemon=True)
+    outcome = []
+
+    def add_other():
+      try:
+        outcome.append(service.add_batch(other))
+      except Closing as error:
+        outcome.append(error)
+    blocked = threading.Thread(target=add_other, daemon=True)
     blocked.start()
     blocked.join(timeout=0.5)
     assert blocked.is_alive()  # Sender 8 was not released.
   finally:
     service.close()
+  blocked.join(timeout=5)
+  assert len(outcome) == 1 and isinstance(outcome[0], Closing), outcome

@@ -127,3 +127,26 @@ def test_close_lets_accepted_calls_reply():
     assert started.wait(10)
     server.close(timeout=5)
     assert future.result(timeout=10) == 2
+
+
+def test_only_problems_reach_the_terminal(capfd):
+  """Binding, each accepted connection and a client that went away are
+  routine: not printed. A refused handshake is."""
+  port = free_port()
+  server = Server(port, 'Quiet', host='127.0.0.1').start()
+  client = Client(f'127.0.0.1:{port}', 'Polite')
+  try:
+    with pytest.raises(RuntimeError, match='Unknown method'):
+      client.nothing().result(timeout=10)
+    client.close(timeout=2)
+    rude = socket.create_connection(('127.0.0.1', port))
+    rude.sendall(b'x' * len('portal_handshake'))
+    assert rude.recv(1) == b''  # Closed on the wrong handshake.
+    rude.close()
+  finally:
+    server.close()
+  out = capfd.readouterr().out
+  for routine in ('Binding to', 'Listening at', 'Accepted connection',
+                  'ConnectionResetError'):
+    assert routine not in out, out
+  assert 'wrong handshake' in out, out

@@ -1,0 +1,85 @@
+"""A user's mistake at start is one line on stderr and exit code 2, before
+anything is spawned (`dreamer_ver/preflight.py`, called by `main.py`), for
+every script that would otherwise restart a child failing on it."""
+
+import pytest
+
+from dreamer_ver import main as mainlib
+from dreamer_ver import preflight
+from dreamer_ver.validation import ConfigError
+
+SCRIPTS = ['parallel', 'train']
+
+
+def run(capsys, *flags):
+  code = mainlib.main(['--configs', 'debug', *flags])
+  out = capsys.readouterr()
+  return code, out.err.strip().splitlines(), out.out
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_a_misspelt_task_is_one_line_with_the_suites_own_hint(
+    script, tmp_path, capsys):
+  code, err, out = run(capsys, '--script', script, '--logdir', str(tmp_path),
+                       '--task', 'gym_CartPol-v1')
+  assert code == 2 and 1 <= len(err) <= 3, err
+  assert err[0].startswith('error: task gym_CartPol-v1:'), err
+  assert 'Did you mean' in ' '.join(err) and 'CartPole' in ' '.join(err)
+  assert out == ''  # Nothing else printed, nothing started.
+  assert not (tmp_path / 'config.yaml').exists()
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_a_logdir_that_is_a_file_is_one_line(script, tmp_path, capsys):
+  path = tmp_path / 'afile'
+  path.write_text('x')
+  code, err, _ = run(capsys, '--script', script, '--logdir', str(path / 'run'),
+                     '--task', 'dummy_disc')
+  assert code == 2 and err == [
+      f'error: logdir {path / "run"}: {path} is a file, not a folder'], err
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_wandb_without_a_login_is_one_line(
+    script, tmp_path, capsys, monkeypatch):
+  pytest.importorskip('wandb')
+  for key in ('WANDB_API_KEY', 'WANDB_MODE'):
+    monkeypatch.delenv(key, raising=False)
+  monkeypatch.setenv('NETRC', str(tmp_path / 'no_netrc'))
+  code, err, _ = run(capsys, '--script', script, '--logdir', str(tmp_path),
+                     '--task', 'dummy_disc', '--logger.outputs', 'jsonl',
+                     'wandb')
+  assert code == 2 and len(err) == 1 and 'wandb login' in err[0], err
+  preflight.check(mainlib_config(tmp_path, [
+      '--logger.outputs', 'wandb', '--logger.wandb_mode', 'offline']),
+      task=False, platform=False)  # Offline: fine.
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_a_jax_platform_this_machine_lacks_is_one_line(
+    script, tmp_path, capsys):
+  code, err, _ = run(capsys, '--script', script, '--logdir', str(tmp_path),
+                     '--task', 'dummy_disc', '--jax.platform', 'tpu')
+  assert code == 2 and err == [
+      'error: jax.platform tpu: JAX has no tpu backend on this machine'], err
+
+
+def test_a_missing_suite_package_names_its_extra(tmp_path, monkeypatch):
+  import dreamer_ver.envs as envs
+
+  def missing(*args, **kwargs):
+    raise ModuleNotFoundError("No module named 'dm_control'",
+                              name='dm_control')
+  monkeypatch.setattr(envs, 'make_run_env', missing)
+  with pytest.raises(ConfigError) as error:
+    preflight.check(mainlib_config(tmp_path, ['--task', 'dmc_walker_walk']),
+                    outputs=False, platform=False)
+  assert str(error.value) == (
+      "task dmc_walker_walk needs the dm_control package: "
+      "pip install 'dreamer_ver[dmc]'")
+
+
+def mainlib_config(tmp_path, flags):
+  from dreamer_ver import config as configlib
+  return configlib.load_config(
+      ['--configs', 'debug', '--logdir', str(tmp_path), *flags])
