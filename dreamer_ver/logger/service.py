@@ -313,7 +313,8 @@ class LoggerService:
     for output in self.outputs:
       output.write(step, scalars)
     record = {'step': step, **scalars}
-    self.out(self._progress(record, fps, episodes, latest), flush=True)
+    if step:  # Before the first env step (compiling) there is no progress.
+      self.out(self._progress(record, fps, episodes, latest), flush=True)
     return record
 
   def close(self):

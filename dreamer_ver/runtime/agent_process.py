@@ -62,6 +62,9 @@ def build_actor(config, agent, store, counters):
       logger=connect(config, 'logger', 'ActorLogger', maxinflight=8,
                      when_full='drop'))
   actor.shipper.served = actor.shipper.stored = counters['steps']
+  print(f'Compiling the policy for batches of {actor.buckets} on '
+        f'{len(actor.lanes)} device(s) (cached in jax.compile_cache for '
+        'restarts)...', flush=True)
   inference = actor.compile()  # seconds per bucket, one dict per lane
   for lane, times in enumerate(inference):
     print(f'Policy compiled on {store.devices[lane]}; inference ms per '
@@ -85,8 +88,9 @@ def build_learner(config, agent, state, store, ckpt, counters, logger,
       agent, state, store, config,
       replay=connect(config, 'replay', 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters, devices=train_devices)
+  print('Compiling the learner...', flush=True)
   learner.compile()
-  print('Learner compiled.')
+  print('Learner compiled.', flush=True)
   return learner
 
 

@@ -20,10 +20,13 @@ module only wires processes; what runs in each is in `runtime/`, and the
 processes that start them never load JAX.
 """
 
+import time
+
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.supervisor import Supervisor
 from dreamer_ver.cluster.targets import AGENT, ENVS, LEARNER, LOGGER, REPLAY
 from dreamer_ver.cluster.token import with_token
+from dreamer_ver.logger.summary import summary
 from dreamer_ver.rpc.addresses import fill_auto_ports, handshake
 from dreamer_ver.runtime.env_worker import fleets, run_env
 
@@ -33,7 +36,9 @@ SERVERS_STOP_LAST = 1  # envs and agent stop first, so the servers save all
 
 def parallel(config):
   """All components on this machine, each in a supervised child process.
-  Returns 0 once the agent finished (or on SIGINT/SIGTERM)."""
+  Returns 0 once the agent finished (or on SIGINT/SIGTERM); ends with the
+  run's summary."""
+  began = time.monotonic()
   config = with_token(_with_ports(config))
   run = config.run
   stop = StopSignal()
@@ -46,7 +51,9 @@ def parallel(config):
   if not run.remote_envs:
     _start_env_workers(children, config, offset=0)
   children.start('agent', AGENT, config, probe=run.actor_addr)
-  return _wait(children, 'agent', stop)
+  code = _wait(children, 'agent', stop)
+  print(summary(config.logdir, time.monotonic() - began), flush=True)
+  return code
 
 
 def parallel_env(config):

@@ -30,16 +30,20 @@ from dreamer_ver.envs import make_run_env
 from dreamer_ver.evaluation.worker import PeriodicEvaluation
 from dreamer_ver.files import write_json
 from dreamer_ver.logger.service import LoggerService
+from dreamer_ver.logger.summary import summary
 from dreamer_ver.replay import build
 from dreamer_ver.transitions import is_log
 
 
 def train(config):
   stop = StopSignal()  # Set during start-up too: the loop then saves at once.
+  began = time.monotonic()
   try:
-    return _train(config, stop)
+    code = _train(config, stop)
   finally:
     stop.restore()
+  print(summary(config.logdir, time.monotonic() - began), flush=True)
+  return code
 
 
 def _train(config, stop):

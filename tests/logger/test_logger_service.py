@@ -193,8 +193,11 @@ def test_metrics_averaged_until_write(tmp_path):
                     'replay/items': 7.0}
   assert service.write() is None
   service.tran(rows((0, 0.0, True, False)))
-  assert service.write() == {'step': 1, 'parallel/ep_starts': 1}
+  service.add({'fps/train': 50.0})
+  assert service.write() == {'step': 1, 'parallel/ep_starts': 1,
+                             'fps/train': 50.0}
   assert [line['step'] for line in metrics(tmp_path)] == [0, 1]
+  assert len(service.lines) == 1  # No progress line at step 0.
   assert '50.0 replayed steps/s' in service.lines[0]
   assert 'fps/train 50' in service.lines[0]  # Matches logger.filter.
 
@@ -322,6 +325,35 @@ def test_progress_line_has_rate_and_eta(tmp_path):
   # 10 steps in 2 s: 5 steps/s, 990 steps left -> 198 s.
   assert 'step 10 ' in first and '5.0 env steps/s' in first
   assert 'ETA 0:03:18' in first
+
+
+def test_no_progress_line_before_the_first_env_step(tmp_path):
+  """While the agent compiles, metrics arrive but no env step: the files
+  get them, the terminal gets no 'step 0' line."""
+  service = make_service(tmp_path)
+  service.add({'replay/items': 0})
+  assert service.write() == {'step': 0, 'replay/items': 0}
+  assert service.lines == []
+  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, False)))
+  service.write()
+  assert len(service.lines) == 1 and 'step 2 ' in service.lines[0]
+  service.close()
+
+
+def test_a_run_ends_with_its_summary(tmp_path):
+  from dreamer_ver.logger.summary import summary
+  (tmp_path / 'ckpt').mkdir()
+  (tmp_path / 'ckpt' / 'logger.json').write_text('{"step": 12345}')
+  (tmp_path / 'scores.jsonl').write_text(
+      '{"score": 3.5, "eval": false}\n{"score": 7.25, "eval": true}\n'
+      '{"score": 4.0, "eval": false}\n{"score": 9')  # A line cut by a kill.
+  text = summary(tmp_path, 3725)
+  assert text.splitlines()[0] == (
+      'Run ended at env step 12_345 after 1:02:05; last train score 4.00, '
+      'last eval score 7.25.')
+  assert f'python -m dreamer_ver.plot {tmp_path}' in text
+  assert 'run the same command again' in text
+  assert 'no episode finished yet' in summary(tmp_path / 'empty', 1)
 
 
 def test_malformed_tran_raises_and_changes_nothing(tmp_path):

@@ -146,12 +146,15 @@ def test_a_missing_package_names_the_extra_to_install(
   assert '\n' not in message
   # The scripts that start a logger refuse to start, instead of leaving the
   # logger to crash in a restart loop.
-  from dreamer_ver.scripts import parallel
-  config = compose(['debug'], {'logdir': str(tmp_path / 'run'),
-                               'logger.outputs': ['jsonl', output]})
+  from dreamer_ver import main as mainlib
   capsys.readouterr()
-  assert parallel.parallel(config) == 2
-  assert parallel.parallel_logger(config) == 2
+  ports = ['--run.actor_addr', 'localhost:1', '--run.logger_addr',
+           'localhost:2', '--run.replay_addr', 'localhost:3']
+  for script in ('parallel', 'parallel_logger'):
+    assert mainlib.main([
+        '--configs', 'debug', '--script', script, '--logdir',
+        str(tmp_path / 'run'), '--logger.outputs', 'jsonl', output,
+        *(ports if script == 'parallel_logger' else [])]) == 2
   err = capsys.readouterr().err.splitlines()
   assert err == [f"error: logger.outputs has '{output}', but {output} is not "
                  f"installed: pip install 'dreamer_ver[{output}]'"] * 2

@@ -45,6 +45,15 @@ def test_parallel_runs_to_steps_writes_every_output_and_resumes(
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),
                     '--run.steps', '300', *FLAGS, *outputs)
   assert code == 0, out[-3000:]
+  # A clean terminal: no connection chatter, no step-0 lines while the
+  # agent compiles (a line per compile stage instead), and a summary.
+  for noise in ('Accepted connection', 'Binding to', '] step 0 |',
+                'ConnectionResetError'):
+    assert noise not in out, (noise, out[-3000:])
+  assert 'Compiling the policy for batches of' in out
+  end = out.rfind('Run ended at env step')
+  assert end > out.rfind('[logger] step '), out[-3000:]  # After the progress.
+  assert 'resume:   run the same command again' in out[end:]
   counters = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert counters['steps'] >= 300 and counters['version'] >= 1, counters
   for name in ('ckpt/agent.npz', 'ckpt/replay.json', 'ckpt/logger.json',

@@ -1,0 +1,53 @@
+"""The lines a finished run ends with: how far it got, its last scores,
+where its outputs are, and how to look at them or go on."""
+
+import json
+from pathlib import Path
+
+
+def summary(logdir, seconds):
+  """The summary of the run in `logdir` that took `seconds` this time."""
+  logdir = Path(logdir)
+  step = _read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)
+  train, evals = _last_scores(logdir / 'scores.jsonl')
+  scores = ', '.join(
+      f'{label} {score:.2f}' for label, score in (
+          ('last train score', train), ('last eval score', evals))
+      if score is not None) or 'no episode finished yet'
+  hours, rest = divmod(int(seconds), 3600)
+  lines = [
+      f'Run ended at env step {step:_} after {hours}:{rest // 60:02d}:'
+      f'{rest % 60:02d}; {scores}.',
+      f'  outputs:  {logdir}/metrics.jsonl, scores.jsonl, ckpt/',
+      f'  plot:     python -m dreamer_ver.plot {logdir}',
+      f'  curves:   tensorboard --logdir {logdir}  (with logger.outputs '
+      'tensorboard)',
+      '  resume:   run the same command again']
+  return '\n'.join(lines)
+
+
+def _last_scores(path):
+  """The newest train and eval episode scores in scores.jsonl (None if
+  there is none)."""
+  train = evals = None
+  try:
+    lines = path.read_text().splitlines()[-1000:]
+  except OSError:
+    return None, None
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue  # A line cut by a kill.
+    if record.get('eval'):
+      evals = record['score']
+    else:
+      train = record['score']
+  return train, evals
+
+
+def _read_json(path):
+  try:
+    return json.loads(Path(path).read_text())
+  except (OSError, ValueError):
+    return {}
