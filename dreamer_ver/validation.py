@@ -274,7 +274,7 @@ def _addresses(c):
 
 def _devices(c):
   """Device indices and learner processes, checked here; whether the
-  devices exist, in runtime/devices."""
+  devices exist, in cluster/devices."""
   for key in ('jax.policy_devices', 'jax.train_devices'):
     names = list(c[key])
     if not all(d >= 0 for d in names):

@@ -51,7 +51,7 @@ def setup(config):
     # every process, so each host should have the same device count.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     # JAX's preemption service would take SIGTERM for itself; our processes
-    # stop (and save) on it through runtime/process.StopSignal.
+    # stop (and save) on it through cluster/signals.StopSignal.
     jax.config.update('jax_enable_preemption_service', False)
     # Process 0 waits JAX's default 300 s for the others to join. Another
     # process gives up sooner and fails, to be restarted and look the
