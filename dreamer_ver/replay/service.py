@@ -15,27 +15,8 @@ the learner. ``ReplayService`` holds the logic and is usable without sockets
 Write-ahead log (``replay/wal.py``, in ``logdir/replay_wal``; ``replay.wal``
 says how hard it flushes): rows the service acknowledged survive a SIGKILL.
 
-* ``add_batch`` stores each row, counts it in the limiter (if it completes a
-  sequence) and notes it under one lock (``_log_lock``), and appends the
-  rows it stored as one record (with the limiter's count of them),
-  committed before it replies; ``sample_batch_train`` logs the sequences it
-  counts (committed with the next batch: a kill may lose a few, leaving the
-  learner that much extra credit).
-* ``save`` takes its cut under the same lock: it logs the rows noted so
-  far, reads the limiter and rotates the log, so the checkpoint's limiter
-  counts exactly the records before the generation it names. The covered
-  segments are dropped once the checkpoint is on disk.
-* ``load`` loads the checkpoint, then goes through the later records in
-  order: rows that the loaded chunk files lack are re-added to their env's
-  stream under their row times (the files may hold rows logged after the
-  cut, and those are recognised by row time), and every logged insert and
-  sample is redone in the limiter, which ends where it stood at the kill.
-* Recovered rows continue each env's stream after its saved chunks (split
-  there, as at any restart), get new step ids (a learner's update for an
-  old one is skipped, as for an evicted step), and are not queued for
-  online training, as loaded items are not. Latents written back by
-  ``update`` since the last save are not logged. Record format:
-  ``replay/batch_log.py``.
+How it logs, cuts a checkpoint and recovers: ``docs/architecture.md``
+(the write-ahead log).
 
 Shipments are stored once (a batch logged but not answered at a kill comes
 back from the log, and the client resends it): ``StoredShipments`` in

@@ -48,21 +48,8 @@ Truncation
   segments (``fsync`` mode first syncs the file systems, so the checkpoint
   is durable before the log that it replaces goes).
 
-Crash windows (with the replay server's checkpoint: rotate, write chunk
-files, write ``ckpt/replay.json`` naming the new generation, drop)
-  * mid-append: the torn record is dropped; it was never acknowledged;
-  * after ``commit``, before the reply: the rows come back though the client
-    never heard of them; its resend of the call carries the same shipment
-    id, which the record restores, so the server stores nothing twice (a
-    batch without an id would be added twice);
-  * after ``rotate``, before the json: the old json still names the older
-    generation, so all segments are replayed; rows that reached chunk files
-    in between are recognised by their row times and not added twice;
-  * after the json, before ``drop_before``: recovery deletes the covered
-    segments instead of replaying them;
-  * during a recovery: nothing was deleted or rewritten yet, the next
-    recovery reads the same segments, and rows re-added with their row times
-    are recognised if a save wrote them before the crash.
+Crash windows, case by case: ``docs/architecture.md`` (the write-ahead
+log).
 
 Threads
   Not thread-safe: the owner serializes ``append``, ``commit``, ``rotate``
