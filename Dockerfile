@@ -12,6 +12,7 @@ ARG EXTRAS=plot
 ENV PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE constraints.txt ./
+COPY configs ./configs
 COPY dreamer_ver ./dreamer_ver
 RUN pip install --no-cache-dir -c constraints.txt ".[${EXTRAS}]"
 WORKDIR /runs

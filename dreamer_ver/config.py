@@ -1,6 +1,7 @@
 """Configuration: YAML blocks in ``configs/``, composed in order, then flags.
 
-The blocks are package data (``dreamer_ver/configs/*.yaml``), read with
+The blocks are the repository's ``configs/*.yaml``, shipped as package data
+(``dreamer_ver/configs`` links to them) and read with
 ``importlib.resources`` so that an installed wheel finds them as a clone does.
 
 A run's config is built in three layers:

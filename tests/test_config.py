@@ -488,3 +488,18 @@ def test_meanings_read_nested_keys_and_quoted_hashes(tmp_path):
   '''))
   assert C.meanings(tmp_path) == {
       'a': 'the a', 'group.b': 'the b', 'group.inner.c': 'the c', 'd': ''}
+
+
+def test_the_config_blocks_live_at_the_top_level_and_ship_with_the_package():
+  """configs/ beside dreamer_ver/ (the design card's layout); the package's
+  configs/ is a link to it, so a wheel holds the files (.ci/wheel_check
+  runs one outside the repo)."""
+  from pathlib import Path
+  import dreamer_ver
+  from dreamer_ver import config as configlib
+  root = Path(dreamer_ver.__file__).resolve().parent.parent
+  top = sorted(p.name for p in (root / 'configs').glob('*.yaml'))
+  assert 'defaults.yaml' in top and 'debug.yaml' in top
+  assert sorted(p.name for p in configlib.CONFIG_DIR.iterdir()
+                if p.name.endswith('.yaml')) == top
+
