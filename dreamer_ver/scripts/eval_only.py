@@ -22,7 +22,8 @@
   (`envs.make_run_env`).
 * Output: one line per episode and a summary on stdout, and one JSON line per
   episode appended to `logdir/eval_scores.jsonl`: step (the checkpoint's env
-  steps), env, episode, score, length, eval (true), mode, time.
+  steps), env, episode, score, length, eval (true), mode, time. With
+  `run.eval_video`, env 0's first episode is `logdir/videos/eval_<step>.gif`.
 * The episode loop is `evaluation/episodes.py`'s, the one the EvalWorker
   (`evaluation/worker.py`) runs during training.
 """
@@ -36,9 +37,10 @@ import numpy as np
 
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.agent.checkpoint import Checkpoint, CheckpointMismatch
-from dreamer_ver.envs import make_run_env
 from dreamer_ver.cluster import devices
+from dreamer_ver.envs import make_run_env
 from dreamer_ver.evaluation.episodes import episode_shares, run_episodes
+from dreamer_ver.logger.outputs import write_gif
 
 
 def eval_only(config):
@@ -76,10 +78,11 @@ def eval_only(config):
     step = int(counters.get('steps', 0))
     print(f'Evaluating {ckpt.directory} (env step {step}): {episodes} '
           f'episodes on {count} env(s), {mode} actions.', flush=True)
-    results, _ = run_episodes(
+    results, frames = run_episodes(
         agent, jax.device_put(state['params'], device), envs,
         episode_shares(episodes, count), mode, config.seed,
-        config.run.duration, on_episode=_printer())
+        config.run.duration, record=config.run.eval_video,
+        on_episode=_printer())
     if len(results) < episodes:
       print(f'Stopped after run.duration = {config.run.duration} s.')
   finally:
@@ -99,6 +102,13 @@ def eval_only(config):
   else:
     print('No episode finished.')
   print(f'Wrote {logdir / "eval_scores.jsonl"}')
+  if config.run.eval_video:
+    if frames is None:
+      print('No video: the env has no image observation or rendered frames.')
+    else:
+      path = logdir / 'videos' / f'eval_{step}.gif'
+      write_gif(path, frames, config.logger.fps)
+      print(f'Wrote {path} ({len(frames)} frames)')
   return 0
 
 

@@ -80,3 +80,27 @@ def test_eval_only_without_a_checkpoint_fails_cleanly(tmp_path, capsys):
   assert eval_only.eval_only(config) == 2
   assert 'no checkpoint' in capsys.readouterr().err
   assert not (tmp_path / 'empty' / 'eval_scores.jsonl').exists()
+
+
+def test_eval_video_writes_the_first_episode_of_an_image_env(tmp_path):
+  """`run.eval_video`: env 0's first episode, frame for frame, as a GIF."""
+  import numpy as np
+  from PIL import Image, ImageSequence
+  from dreamer_ver.envs import make_run_env
+  flags = ['--configs', 'debug', '--script', 'eval_only', '--task',
+           'dummy_disc', '--env.dummy.length', '6', '--logdir',
+           str(tmp_path / 'eval')]
+  config = configlib.load_config(flags)
+  env = make_run_env(config, config.run.envs)
+  agent = Agent(env.obs_space, env.act_space, config)
+  Checkpoint(tmp_path / 'run').save(
+      agent.init_state(agent.init_params(0), 0), {'steps': 17, 'version': 0})
+  config = configlib.load_config([
+      *flags, '--run.from_checkpoint', str(tmp_path / 'run'),
+      '--run.steps', '2', '--run.eval_video', 'True', '--random_agent', 'True'])
+  assert eval_only.eval_only(config) == 0
+  gif = Image.open(tmp_path / 'eval' / 'videos' / 'eval_17.gif')
+  frames = [np.asarray(f.convert('RGB')) for f in ImageSequence.Iterator(gif)]
+  assert len(frames) == 7  # The reset frame and 6 steps.
+  assert frames[0].shape == tuple(env.obs_space['image'].shape)
+  env.close()
