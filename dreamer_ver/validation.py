@@ -124,7 +124,7 @@ CHOICES = {
 # Value ranges: (keys, test, the rule as the message states it).
 RANGES = (
     (('batch_size', 'batch_length', 'report_length', 'run.envs',
-      'run.eval_worker_envs', 'run.envs_per_worker', 'run.actor_threads', 'replay.chunksize',
+      'run.eval_worker_envs', 'run.envs_per_worker', 'run.keep_checkpoints', 'run.actor_threads', 'replay.chunksize',
       'logger.fps', 'logger.video_length') + _agent(
           'rssm.deter', 'rssm.hidden', 'rssm.stoch', 'rssm.classes',
           'rssm.blocks', 'enc.depth', 'enc.units', 'enc.kernel', 'dec.depth',

@@ -6,12 +6,19 @@ mismatch is reported by name instead of as a pytree traceback.
 
 A run's checkpoint folder (`logdir/ckpt/`, `Checkpoint`) holds `agent.npz`
 (params, optimizer, slow critic, normaliser, step and RNG) and
-`counters.json` (env steps served, params version).
+`counters.json` (env steps served, params version), the latest; with
+`keep` > 1 also the `keep - 1` saves before it, each a folder of the same
+two files, `ckpt/saved/<env step>/`, which `run.from_checkpoint` can name.
+The newest of them shares its file with `agent.npz` (a hard link).
+orbax-checkpoint is not used: the state is a few arrays written atomically
+with `os.replace`, loaded without pickle against a template, which is all
+the runtime needs.
 """
 
 import json
 import os
 import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -80,10 +87,14 @@ def checkpoint_dir(path):
 
 
 class Checkpoint:
-  """The agent's checkpoint folder of a logdir (or the folder itself)."""
+  """The agent's checkpoint folder of a logdir (or the folder itself);
+  `keep`: how many saves are kept (the latest and `keep - 1` before it)."""
 
-  def __init__(self, path):
+  def __init__(self, path, keep=1):
+    if keep < 1:
+      raise ValueError(f'keep must be >= 1, got {keep}')
     self.directory = checkpoint_dir(path)
+    self.keep = int(keep)
 
   @property
   def exists(self):
@@ -99,14 +110,38 @@ class Checkpoint:
   def save(self, state, counters):
     save(state, self.directory / 'agent.npz')
     write_json(self.directory / 'counters.json', counters)
+    if self.keep > 1:
+      self._snapshot(counters)
+
+  def saved(self):
+    """The kept earlier saves, oldest first (folders `run.from_checkpoint`
+    can name)."""
+    folder = self.directory / 'saved'
+    return sorted(p for p in folder.glob('*') if (p / 'agent.npz').is_file()
+                  ) if folder.is_dir() else []
+
+  def _snapshot(self, counters):
+    """Keeps this save as `saved/<env step>/` and drops the oldest beyond
+    `keep - 1`."""
+    folder = self.directory / 'saved' / f"{int(counters.get('steps', 0)):012d}"
+    tmp = folder.with_name(folder.name + '.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    os.link(self.directory / 'agent.npz', tmp / 'agent.npz')
+    write_json(tmp / 'counters.json', counters)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)  # A reader never sees a half-kept save.
+    for old in self.saved()[:-(self.keep - 1)]:
+      shutil.rmtree(old, ignore_errors=True)
 
 
-def restore(agent, logdir, seed, from_checkpoint=''):
-  """(Checkpoint of `logdir`, state, counters) to start a run from: the
-  logdir's checkpoint when it has one (resume), else the state saved at
-  `from_checkpoint` with fresh counters (warm start), else a fresh state
-  from `seed`."""
-  ckpt = Checkpoint(logdir)
+def restore(agent, logdir, seed, from_checkpoint='', keep=1):
+  """(Checkpoint of `logdir` keeping `keep` saves, state, counters) to
+  start a run from: the logdir's checkpoint when it has one (resume), else
+  the state saved at `from_checkpoint` (a logdir, a checkpoint folder or a
+  kept save) with fresh counters (warm start), else a fresh state from
+  `seed`."""
+  ckpt = Checkpoint(logdir, keep)
   state = agent.init_state(agent.init_params(seed), seed)
   counters = {'steps': 0, 'version': 0}
   if ckpt.exists:

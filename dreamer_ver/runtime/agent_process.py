@@ -112,7 +112,8 @@ def run_agent(config, stop=None):
   policy_devices, train_devices = devices.setup(config)
   agent = build_agent(config)
   ckpt, state, counters = checkpoint.restore(
-      agent, config.logdir, config.seed, config.run.from_checkpoint)
+      agent, config.logdir, config.seed, config.run.from_checkpoint,
+      config.run.keep_checkpoints)
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
   actor, server = build_actor(config, agent, store, counters)

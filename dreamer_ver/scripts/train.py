@@ -54,7 +54,8 @@ def _train(config, stop):
   envs = [make_run_env(config, i) for i in range(run.envs)]
   agent = Agent(envs[0].obs_space, envs[0].act_space, config)
   ckpt, state, counters = checkpoint.restore(
-      agent, config.logdir, config.seed, config.run.from_checkpoint)
+      agent, config.logdir, config.seed, config.run.from_checkpoint,
+      config.run.keep_checkpoints)
   state = jax.device_put(state, device)
   replay = build.train_replay(config, logdir)
   replay.load()
