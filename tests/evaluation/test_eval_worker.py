@@ -200,30 +200,25 @@ def endless_env(index):
                   seed=200 + index)
 
 
-def test_an_evaluation_past_run_eval_timeout_is_an_error_result(config, agent):
+def test_time_limits_end_evaluations_of_an_env_without_a_time_limit(
+    config, agent):
+  """An env whose episodes never end: `max_steps` cuts them (they count,
+  truncated); without it the evaluation is an error result past
+  run.eval_timeout, or past a shorter `timeout` of its own."""
   worker = EvalWorker(config.update({'run.eval_timeout': 2.0}),
                       name='endless', env_maker=endless_env)
-  try:
-    worker.submit(cue_params(agent, True), 1, episodes=2)
-    result = worker.poll(timeout=120)
-    assert result['version'] == 1
-    assert 'run.eval_timeout' in result['error'], result
-    assert '0 of 2 episodes' in result['error'], result
-  finally:
-    worker.shutdown()
-
-
-def test_max_steps_ends_the_episodes_of_an_env_without_a_time_limit(
-    config, agent):
-  worker = EvalWorker(config, name='cut', env_maker=endless_env)
   try:
     worker.submit(cue_params(agent, True), 1, episodes=3, max_steps=7)
     result = worker.poll(timeout=120)
     assert result['lengths'] == [7, 7, 7] and result['truncated'] == 3, result
-    # A time limit of this evaluation alone, below run.eval_timeout.
-    worker.submit(cue_params(agent, True), 2, episodes=1, timeout=1.0)
+    worker.submit(cue_params(agent, True), 2, episodes=2)
     result = worker.poll(timeout=120)
-    assert result['version'] == 2 and 'time limit (1 s' in result['error']
+    assert result['version'] == 2
+    assert 'run.eval_timeout' in result['error'], result
+    assert '0 of 2 episodes' in result['error'], result
+    worker.submit(cue_params(agent, True), 3, episodes=1, timeout=1.0)
+    result = worker.poll(timeout=120)
+    assert result['version'] == 3 and 'time limit (1 s' in result['error']
   finally:
     worker.shutdown()
 
