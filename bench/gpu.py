@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 BENCH = ROOT / 'bench'
 STAGES = ('stack', 'learner', 'overhead', 'actor', 'tests', 'learning')
 TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
-         'tests/agent/test_data_parallel.py', 'tests/actor/test_recompile.py',
+         'tests/system/test_data_parallel.py', 'tests/actor/test_recompile.py',
          'tests/cluster/test_devices.py')
 ACTOR_ENVS = (16, 64, 256)
 LEARNER_SIZES = ('size12m', 'size50m', 'size200m')
