@@ -1,4 +1,4 @@
-"""Nothing traces or compiles after start-up (issue 21): serving every
+"""Nothing traces or compiles after start-up: serving every
 bucket with newly published params and new env ids, and training step
 after step on the carries the previous step returned, reuse what start-up
 compiled. A retrace while serving stalls every env for the compile time; one

@@ -37,7 +37,7 @@ def test_bandit_policy_beats_random_by_a_clear_margin(tmp_path):
   random_score = LENGTH / 2
   assert np.mean(train[:8]) < random_score + 3  # It starts out random...
   # ...and learns. On a failure, the learner's curves say why (a rare late
-  # collapse was seen once and not reproduced in 13 runs, issue 16).
+  # collapse was seen once and not reproduced in 13 runs).
   assert np.mean(train[-8:]) >= random_score + 6, (train, _curves(logdir))
   assert evals and np.mean(evals[-3:]) >= random_score + 6, evals
 
