@@ -24,12 +24,18 @@ inference times:
   policy.observe_batch(size, inference_seconds)  # after each handler call
   policy.observe_reply(envid, time)              # after each reply is sent
 
-The server makes every call under one lock, so a policy needs no locking of
-its own. All times come from the caller, so policies are pure and testable
+and the learner, where it shares the policy's device, reports each update's
+device time (VER's `learner_time`) to a policy that has the method:
+
+  policy.learner_time(seconds)                   # from the learner's thread
+
+The server makes every other call under one lock per lane, so a policy
+needs no locking of its own for them. All times come from the caller, so policies are pure and testable
 with a fake clock.
 """
 
 import collections
+import threading
 
 Cut = collections.namedtuple('Cut', 'count reason')
 
@@ -167,28 +173,83 @@ class VER(Cutoff):
     self.last_batch.observe(time)
 
 
-class Preempt(Cutoff):
-  """The throughput-optimal cutoff: VER's choice of how much to collect
-  before paying a fixed cost, applied to inference batches.
+class Shared:
+  """What the lanes of one actor share: VER's one preemption decider.
 
-  It learns, per env, the time from a reply to that env's next request (its
-  step time, windowed mean), and the inference time of each padded bucket.
-  With k requests queued, it predicts when each env that is not queued will
-  arrive and compares cutting now against waiting for the next j arrivals
-  (see `_best_cut`), and cuts when j = 0 wins, else waits for the winning
-  arrival. VER's argmax S / (Time(S) + LT) counts only the server's side;
-  here every queued request's wait counts too, because a waiting env is an
-  idle env (measured in bench/: the server-only rule batched too eagerly and
-  lost to VER's rule on the CPU fleets). Guard rails
-  from VER: at most `max_batch`; fewer than `min_batch` only after an
-  adaptive minimum wait (half the mean inference time, counted from the
-  last batch); and no request ever
-  waits longer than `max_wait`. Envs that stop sending (dead, hung, or far
-  slower than their history) drop out of the prediction.
+  The learner reports each update's device time (`learner_time`, VER's
+  report of the same name); every lane's cut takes the learner time
+  accumulated since the previous cut of any lane, so `learner_per_batch`
+  is the device time the learner costs per policy batch (VER's LT, with a
+  batch as the rollout). Waits that overran their prediction in one lane
+  make every lane price in the lag; the real-vs-expected report covers all
+  lanes. Thread-safe: lanes and the learner call it from their threads.
+  """
+
+  def __init__(self, window=16):
+    self.lock = threading.Lock()
+    self.learning = 0.0  # learner seconds since the latest cut
+    self.learner = WindowedMean(window)  # learner seconds per batch
+    self.wait_errors = WindowedMean(1024)
+    self.expected = WindowedMean(1024)  # batch size predicted at first wait
+    self.real = WindowedMean(1024)  # batch size cut
+
+  def learner_time(self, seconds):
+    """The learner spent `seconds` of the policy's device on one update."""
+    with self.lock:
+      self.learning += seconds
+
+  @property
+  def learner_per_batch(self):
+    return self.learner.mean
+
+  @property
+  def lag(self):
+    return max(0.0, self.wait_errors.mean)
+
+  def cut(self, count, expected, wait_error):
+    """One lane cut `count` requests; it had predicted `expected` and a
+    wait that ran `wait_error` seconds past its prediction (None: no
+    wait)."""
+    with self.lock:
+      self.learner.add(self.learning)
+      self.learning = 0.0
+      self.expected.add(expected)
+      self.real.add(count)
+      if wait_error is not None:
+        self.wait_errors.add(wait_error)
+
+  def stats(self):
+    with self.lock:
+      return {
+          'preempt/wait_error_ms': self.wait_errors.mean * 1000,
+          'preempt/learner_ms_per_batch': self.learner.mean * 1000,
+          'preempt/expected_batch': self.expected.mean,
+          'preempt/real_batch': self.real.mean,
+      }
+
+
+class Preempt(Cutoff):
+  """VER's preemption decider, moved from rollouts to inference batches:
+  cut at the batch size S that maximises S / (Time(S) + LT).
+
+  Time(S) is the time from the start of the batch's collection (the lane
+  free and a request queued) until a batch of S is served: the wait for
+  the S - k predicted arrivals beyond the k queued, plus the inference
+  time of a batch of S. LT is the learner's device time per batch
+  (`Shared`, zero when no learner reports). It learns, per env, the time
+  from a reply to that env's next request (its step time, windowed mean),
+  and the inference time of each padded bucket. Guard rails from VER's
+  inference worker: at most `max_batch`; fewer than `min_batch` only after
+  an adaptive minimum wait (half the mean inference time, counted from the
+  last batch); `min_batch` follows the live envs (N / 1.5 W, W = `threads`
+  of all lanes) as envs die or join; and no request ever waits longer than
+  `max_wait`. Envs that stop sending (dead, hung, or far slower than their
+  history) drop out of the prediction.
   """
 
   def __init__(self, min_batch, max_batch, buckets, inference=None,
-               max_wait=0.05, window=16, late=3.0, forget=5.0):
+               max_wait=0.05, window=16, late=3.0, forget=5.0, shared=None,
+               threads=None):
     _check_sizes(min_batch, max_batch)
     self.min_batch = min_batch
     self.max_batch = max_batch
@@ -197,6 +258,8 @@ class Preempt(Cutoff):
     self.window = window
     self.late = late  # an env this many stds (plus 5 ms) past due is late
     self.forget = forget  # seconds of silence after which an env is dead
+    self.threads = threads  # set: min_batch follows the live envs
+    self.shared = shared or Shared()
     self.inference = {b: WindowedMean(window) for b in self.buckets}
     for size, seconds in (inference or {}).items():
       self._bucket_mean(size).add(seconds)
@@ -205,8 +268,12 @@ class Preempt(Cutoff):
     self.recent = WindowedMean(128)  # inference seconds, any bucket
     self.last_batch = LastBatch()
     self._table = None  # cached _infer_table(), reset by observe_batch
-    self.decided = None  # (predicted wait, when decided) for stats
-    self.wait_errors = WindowedMean(1024)
+    self.decided = None  # (predicted wait, expected size, when) for stats
+
+  def learner_time(self, seconds):
+    """VER's report: the learner spent `seconds` of the device on one
+    update."""
+    self.shared.learner_time(seconds)
 
   # ------------------------------------------------------------- decide
 
@@ -220,57 +287,57 @@ class Preempt(Cutoff):
     deadline = pending[0].arrival + self.max_wait
     if now >= deadline:
       return self._cut(count, 'latency_cap', now)
-    # Waits have overrun their predictions by `wait_errors` on average
-    # (wake-up delay, arrivals a little late); the options price that in.
-    lag = max(0.0, self.wait_errors.mean)
+    # Waits have overrun their predictions by `lag` on average (wake-up
+    # delay, arrivals a little late); the options price that in.
+    lag = self.shared.lag
     arrivals = [a + lag for a in self._predicted_arrivals(now, deadline)]
+    start = pending[0].arrival
+    if self.last_batch.time is not None:
+      start = max(start, self.last_batch.time)
     best, best_wait = self._best_cut(
-        count, arrivals[:self.max_batch - count], now, self._infer_table())
+        count, arrivals[:self.max_batch - count], start, now,
+        self._infer_table(), self.shared.learner_per_batch)
     if best == 0:
       min_wait = self.recent.mean / 2
       since = self.last_batch.since(pending, now)
-      if count >= self.min_batch or since >= min_wait:
+      if count >= self._min_batch() or since >= min_wait:
         return self._cut(count, 'optimum', now)
       best_wait = min_wait - since
     if self.decided is None:
-      self.decided = (best_wait, now)
+      self.decided = (best_wait, count + best, now)
     return max(1e-4, min(best_wait, deadline - now))
 
-  def _best_cut(self, count, arrivals, now, infer):
-    """How many of the predicted arrivals to wait for, and how long.
-
-    Every option serves the same requests (the queued ones and the predicted
-    arrivals): waiting for the first j arrivals serves k + j in one batch
-    when the j-th arrives; the later arrivals are then served the way the
-    actor serves them online once it is free (`_greedy_cost`). The option
-    with the least total time from arrival (or now, for queued requests) to
-    reply serves the fleet fastest: cutting at once wins when inference is
-    cheap against the gaps between arrivals, waiting wins when an arrival is
-    due before a second batch could be paid for. Arrivals due later than a
-    batch of the queued requests would take are never waited for: by then
-    that batch would be done and the actor free again. `infer[n]` is the
-    predicted inference time of a batch of n.
-    """
-    best, best_wait, best_cost = 0, 0.0, None
-    waited = 0.0  # sum of the arrival times waited for so far
+  @staticmethod
+  def _best_cut(count, arrivals, start, now, infer, learner):
+    """VER's argmax S / (Time(S) + LT) over the batches reachable by
+    waiting for the first j predicted arrivals (S = count + j), returning
+    (j, seconds to wait). `start` is when this batch's collection began,
+    `infer[n]` the predicted inference time of a batch of n, `learner` LT.
+    Ties go to the earlier cut."""
+    best, best_wait, best_rate = 0, 0.0, None
     for j in range(len(arrivals) + 1):
-      if j:
-        waited += arrivals[j - 1]
-      start = arrivals[j - 1] if j else now
-      if start - now > infer[count]:
-        break
-      done = start + infer[count + j]
-      cost = count * (done - now) + j * done - waited
-      cost += _greedy_cost(done, arrivals, j, infer)
-      if best_cost is None or cost < best_cost - 1e-12:
-        best, best_wait, best_cost = j, start - now, cost
+      ready = arrivals[j - 1] if j else now
+      size = count + j
+      rate = size / max(1e-9, ready - start + infer[size] + learner)
+      if best_rate is None or rate > best_rate * (1 + 1e-9):
+        best, best_wait, best_rate = j, ready - now, rate
     return best, best_wait
 
+  def _min_batch(self):
+    """`min_batch`, or with `threads` set VER's N / 1.5 W over the envs
+    alive now (never above `min_batch`)."""
+    if self.threads is None or not self.step:
+      return self.min_batch
+    live = len(self.step)
+    return max(1, min(self.min_batch, int(live / self.threads / 1.5)))
+
   def _cut(self, count, reason, now):
+    expected, error = count, None
     if self.decided is not None:
-      predicted, since = self.decided
-      self.wait_errors.add((now - since) - predicted)
+      predicted, expected, since = self.decided
+      error = (now - since) - predicted
       self.decided = None
+    self.shared.cut(count, expected, error)
     return Cut(count, reason)
 
   # ------------------------------------------------------------ observe
@@ -286,7 +353,7 @@ class Preempt(Cutoff):
 
   def stats(self):
     return {
-        'preempt/wait_error_ms': self.wait_errors.mean * 1000,
+        **self.shared.stats(),
         'preempt/envs_tracked': len(self.step),
         'preempt/envs_stepping': len(self.replied),
     }
@@ -351,23 +418,6 @@ class Preempt(Cutoff):
     return seconds * max(1.0, size / bucket)
 
 
-def _greedy_cost(free, arrivals, first, infer):
-  """Total time to reply of the sorted `arrivals[first:]`, served by an
-  actor that is free at `free` and cuts whatever has arrived whenever it is
-  free."""
-  cost, i, n = 0.0, first, len(arrivals)
-  while i < n:
-    start = max(free, arrivals[i])
-    k, waited = i, 0.0
-    while k < n and arrivals[k] <= start:
-      waited += arrivals[k]
-      k += 1
-    free = start + infer[k - i]
-    cost += (k - i) * free - waited
-    i = k
-  return cost
-
-
 def max_batch(run, envs, lanes=1):
   """The most requests one lane batches: `run.actor_max_batch`, or by
   default the lane's share of the `envs` envs."""
@@ -391,12 +441,13 @@ def powers_of_two(largest):
   return sizes + [largest]
 
 
-def make_cutoff(run, envs, buckets, inference=None, lanes=1):
+def make_cutoff(run, envs, buckets, inference=None, lanes=1, shared=None):
   """The cutoff policy named by `run.actor_cutoff` with its guard rails,
-  for one of `lanes` lanes that share `envs` envs.
+  for one of `lanes` lanes that share `envs` envs (and, for preempt, the
+  `shared` decider of all lanes).
 
-  Defaults as VER's: min = N / (1.5 W), max = the lane's share of the N
-  envs, with W the inference threads of all lanes.
+  Defaults as VER's: min = N / (1.5 W), following the live envs, max = the
+  lane's share of the N envs, with W the inference threads of all lanes.
   """
   threads = max(1, run.actor_threads) * lanes
   largest = max_batch(run, envs, lanes)
@@ -412,5 +463,7 @@ def make_cutoff(run, envs, buckets, inference=None, lanes=1):
     return VER(min_batch, largest, run.actor_min_wait, run.actor_max_wait)
   if run.actor_cutoff == 'preempt':
     return Preempt(min_batch, largest, buckets, inference,
-                   max_wait=run.actor_max_wait, forget=run.env_timeout)
+                   max_wait=run.actor_max_wait, forget=run.env_timeout,
+                   shared=shared,
+                   threads=threads if run.actor_min_batch <= 0 else None)
   raise ValueError(f'unknown run.actor_cutoff {run.actor_cutoff!r}')

@@ -32,6 +32,7 @@ restart every one from process 0's last checkpoint.
 """
 
 import collections
+import time
 
 import elements
 import jax
@@ -72,7 +73,7 @@ def wait(future, stop, poll=0.2):
 class Learner:
 
   def __init__(self, agent, state, params_store, config, replay, logger,
-               ckpt, counters, devices=None):
+               ckpt, counters, devices=None, on_update=None):
     self.agent = agent
     self.parallel = DataParallel(agent, devices or jax.devices()[:1])
     self.lead = jax.process_index() == 0  # The process that logs and saves.
@@ -91,6 +92,7 @@ class Learner:
     self.carry = self.parallel.put_rows(agent.init_carry(self.rows))
     self.metrics = collections.defaultdict(list)
     self.lags = []  # per trained batch: the policy lag of each row
+    self.on_update = on_update  # hears each update's device seconds
 
   def compile(self):
     """Compiles train and report on zero batches of the replay's shapes, so
@@ -144,7 +146,12 @@ class Learner:
         # Sampled once process 0 passed the limiter for this update, so a
         # share never comes from a buffer still filling up.
         batch = self.replay.sample_share_train(self.rows).result()
+      began = time.perf_counter()
       self.train_step(batch)
+      if self.on_update is not None:
+        # Waits for the device, so the time is the update's, not dispatch's.
+        jax.block_until_ready(self.state['params'])
+        self.on_update(time.perf_counter() - began)
       fps.step(self.config.batch_size * self.config.batch_length)
       if report:
         self.report(stop)

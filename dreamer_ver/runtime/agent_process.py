@@ -2,7 +2,8 @@
 thread, and the loop that logs them until the run is done.
 
   build_agent(config)                            -> Agent
-  build_actor(config, agent, store, counters)    -> (Actor, BatchServer)
+  build_actor(config, agent, store, counters)    -> (Actor, BatchServer,
+                                                     preemption.Shared)
   build_learner(config, agent, state, store, ckpt, counters, logger)
                                                  -> Learner
   run_agent(config)                              -> builds them and runs
@@ -69,8 +70,10 @@ def build_actor(config, agent, store, counters):
   for lane, times in enumerate(inference):
     print(f'Policy compiled on {store.devices[lane]}; inference ms per '
           f'bucket:', {k: round(v * 1000, 2) for k, v in times.items()})
+  shared = preemption.Shared()  # one decider for all lanes (preempt)
   cutoffs = [
-      preemption.make_cutoff(run, envs, actor.buckets, times, len(inference))
+      preemption.make_cutoff(run, envs, actor.buckets, times, len(inference),
+                             shared)
       for times in inference]
   transports = ('tcp',) if run.actor_transport == 'tcp' or not (
       shm_protocol.available()) else ('tcp', 'shm')
@@ -78,16 +81,18 @@ def build_actor(config, agent, store, counters):
       run.actor_addr, actor.handle, cutoffs, postfn=actor.post,
       workers=run.actor_threads, name='Actor', transports=transports,
       max_msg_size=actor.max_request_bytes(), **server_kwargs(config))
-  return actor, server
+  return actor, server, shared
 
 
 def build_learner(config, agent, state, store, ckpt, counters, logger,
-                  train_devices):
-  """The learner on the train devices, compiled."""
+                  train_devices, on_update=None):
+  """The learner on the train devices, compiled; `on_update(seconds)` hears
+  each update's device time."""
   learner = Learner(
       agent, state, store, config,
       replay=connect(config, 'replay', 'LearnerReplay', maxinflight=8),
-      logger=logger, ckpt=ckpt, counters=counters, devices=train_devices)
+      logger=logger, ckpt=ckpt, counters=counters, devices=train_devices,
+      on_update=on_update)
   print('Compiling the learner...', flush=True)
   learner.compile()
   print('Learner compiled.', flush=True)
@@ -116,11 +121,14 @@ def run_agent(config, stop=None):
       config.run.keep_checkpoints)
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
-  actor, server = build_actor(config, agent, store, counters)
+  actor, server, shared = build_actor(config, agent, store, counters)
   logger = connect(config, 'logger', 'LearnerLogger', maxinflight=2,
                    when_full='drop')
+  # VER's learner time: only where the learner takes the policy's device.
+  shares = run.actor_cutoff == 'preempt' and bool(
+      set(policy_devices) & set(train_devices))
   learner = build_learner(config, agent, state, store, ckpt, counters, logger,
-                          train_devices)
+                          train_devices, shared.learner_time if shares else None)
   shipper = actor.shipper
   start = time.monotonic()
   failed = []  # The learner thread's exception, if it raised.
