@@ -62,6 +62,15 @@ Measurements, per fleet and mode:
              server's own latency and cut reasons, and `load`, the machine's 1-minute load average at the end of
              the window (other work on the machine skews every number).
 
+With `--learner` a learner thread trains the same agent beside the actor,
+in the same process and on the same device (zero batches of the replay's
+shapes, publishing its params to the actor after each update, as
+`--script parallel` does on one device), through every mode's warm-up and
+window. Its updates per second are reported as `learner_ups`; with
+`preempt` it reports each update's device time to the cutoff (VER's
+learner time, LT). The baseline's batcher process is left out of the CPU
+comparison by nothing: the learner's cores are counted in `cpu_server`.
+
 With `--wal` the actor ships every served transition to a replay server
 process (`serve_replay`, as `--script parallel` runs it; no learner, no
 limiter), and every mode runs twice per round, once against a replay with
@@ -589,8 +598,56 @@ class _CPU:
     return times
 
 
+class LearnerLoad:
+  """A learner thread training beside the actor (`--learner`): updates on
+  zero batches, each one timed past the device's work and told to
+  `listener` (the preempt cutoff's `learner_time`, else nobody)."""
+
+  def __init__(self, actor, config):
+    from dreamer_ver.learner.learner import Learner
+
+    class NoReplay:
+      def update(self, rows):
+        pass
+
+    agent = actor.agent
+    state = agent.init_state(agent.init_params(config.seed), config.seed)
+    self.learner = Learner(
+        agent, state, actor.params, config, replay=NoReplay(), logger=None,
+        ckpt=None, counters={'version': actor.params.version},
+        on_update=self._heard)
+    self.learner.compile()
+    self.batch = self.learner.zero_batch(
+        config.batch_length + config.replay_context)
+    self.listener = None
+    self.updates = 0
+    self.stopped = threading.Event()
+    self.thread = threading.Thread(target=self._loop, daemon=True)
+    self.thread.start()
+
+  def _heard(self, seconds):
+    self.updates += 1
+    listener = self.listener
+    if listener is not None:
+      listener(seconds)
+
+  def _loop(self):
+    import jax
+    import time as time_
+    put = self.learner.parallel.put_rows
+    while not self.stopped.is_set():
+      began = time_.perf_counter()
+      self.learner.train_step(put(dict(self.batch)))
+      jax.block_until_ready(self.learner.state['params'])
+      self._heard(time_.perf_counter() - began)
+
+  def close(self):
+    self.stopped.set()
+    self.thread.join(timeout=60)
+
+
 def run_mode(mode, fleet, spec, args, actor, config, inference,
-             replay=None):
+             replay=None, learner=None):
   """One window of `mode`; with `replay` (wal mode, address, pid) the
   actor ships its transitions there."""
   counter = Counter()
@@ -606,6 +663,9 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
   else:
     server = Ours(config.run.actor_addr, actor, config, args.envs,
                   inference, counter, mode)
+  if learner is not None:
+    learner.listener = getattr(getattr(server, 'cutoff', None),
+                               'learner_time', None)
   record = dict(fleet=spec['name'], mode=mode, envs=args.envs,
                 wal=replay[0] if replay else None)
   window = args.seconds
@@ -635,6 +695,7 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
     cpu = _CPU(own), _CPU(envs), _CPU([replay_pid] if replay else [])
     sampled = time.monotonic()
     rows0, batches0, policy0 = counter.snapshot()
+    updates0 = learner.updates if learner is not None else 0
     t0 = time.monotonic()
     end = t0 + window
     killed = not spec['deaths']
@@ -655,6 +716,7 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
       time.sleep(min(0.05, end - now))
     t1 = time.monotonic()
     rows1, batches1, policy1 = counter.snapshot()
+    updates = (learner.updates if learner is not None else 0) - updates0
     for each in cpu:
       each.update()
     stats = server.stats()
@@ -664,6 +726,8 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
     record['env_crashes'] = fleet.crashes - crashes
   finally:
     server.close()
+    if learner is not None:
+      learner.listener = None
     if shipped is not None:
       shipped.close()
       actor.shipper.replay = None
@@ -679,14 +743,18 @@ def run_mode(mode, fleet, spec, args, actor, config, inference,
       cpu_server=cpu[0].seconds() / (t1 - t0),
       cpu_envs=cpu[1].seconds() / (t1 - t0),
       cpu_replay=cpu[2].seconds() / (t1 - t0))
+  if learner is not None:
+    record['learner_ups'] = updates / (t1 - t0)
   if mode != 'baseline':
     record['server_p50_ms'] = stats.get('latency_ms/p50', 0.0)
     record['server_p99_ms'] = stats.get('latency_ms/p99', 0.0)
     record['queue_wait_p50_ms'] = stats.get('queue_wait_ms/p50', 0.0)
     record['cuts'] = {k[4:]: v for k, v in stats.items()
                       if k.startswith('cut/')}
-    if 'preempt/wait_error_ms' in stats:
-      record['wait_error_ms'] = stats['preempt/wait_error_ms']
+    for key in ('wait_error_ms', 'learner_ms_per_batch', 'expected_batch',
+                'real_batch'):
+      if f'preempt/{key}' in stats:
+        record[key] = stats[f'preempt/{key}']
   return record
 
 
@@ -771,7 +839,10 @@ def run_fleet(name, args, actors, port, transport):
   with tempfile.TemporaryDirectory(prefix='actor_bench_') as outdir:
     fleet = Fleet(configs, groups, outdir, spec['stall'], spec['env_extra'])
     replays = {}
+    learner = None
     try:
+      if args.learner:
+        learner = LearnerLoad(actor, config)
       if args.wal:
         replays = start_replays(config, outdir)
       began = time.monotonic()
@@ -790,10 +861,12 @@ def run_fleet(name, args, actors, port, transport):
               proc, addr = replays[wal]
               replay = (wal, addr, proc.pid)
             record = run_mode(mode, fleet, spec, args, actor, config,
-                              inference, replay)
+                              inference, replay, learner)
             rounds[(mode, wal)].append(record)
             print('  ' + _row(record, partial=True), flush=True)
     finally:
+      if learner is not None:
+        learner.close()
       fleet.stop()
       stop_replays(replays)
     times, latency, durations = fleet.samples()
@@ -844,8 +917,11 @@ def _combine(rounds, times, latency):
   record['policy_ms_mean'] = (
       sum(r['policy_ms_mean'] * r['batches'] for r in rounds) / batches
       if batches else 0.0)
+  if 'learner_ups' in first:
+    record['learner_ups'] = weigh('learner_ups')
   for key in ('server_p50_ms', 'server_p99_ms', 'queue_wait_p50_ms',
-              'wait_error_ms'):
+              'wait_error_ms', 'learner_ms_per_batch', 'expected_batch',
+              'real_batch'):
     if key in first:
       record[key] = float(np.mean([r[key] for r in rounds]))
   if 'cuts' in first:
@@ -881,6 +957,7 @@ def _row(r, partial=False):
             f'batch {r["batch_mean"]:5.2f}  policy {r["policy_ms_mean"]:5.2f} '
             f'ms  cpu server {r["cpu_server"]:.2f} envs {r["cpu_envs"]:.2f}'
             f'{"  replay %.2f" % r["cpu_replay"] if r["wal"] else ""}'
+            f'{"  learner %.2f/s" % r["learner_ups"] if "learner_ups" in r else ""}'
             f'  ready {_fmt(r.get("ready_s"))} s  load {r["load"]:.1f}'
             f'{"  STALLED" if r["stalled"] else ""}'
             f'{"  env crashes %d" % r["env_crashes"] if r["env_crashes"] else ""}')
@@ -903,6 +980,26 @@ def table(records):
         'against the fast fleet\'s baseline.')
   if notes:
     lines += [''] + notes
+  return '\n'.join(lines)
+
+
+def learner_table(records):
+  """--learner: env steps/s and learner updates/s of every mode, against
+  `ver` (the default) on the same fleet, with preempt's VER report."""
+  lines = ['| fleet | mode | env steps/s | x ver | learner updates/s | x ver '
+           '| batch | expected batch | learner ms per batch |',
+           '|' + ' --- |' * 9]
+  ver = {(r['fleet'], r['transport']): r for r in records
+         if r['mode'] == 'ver'}
+  for r in records:
+    base = ver.get((r['fleet'], r['transport']))
+    ratio = lambda key: (_fmt(r[key] / base[key], 2)
+                         if base and base.get(key) else 'n/a')
+    lines.append(
+        f'| {r["fleet"]} | {_name(r)} | {r["sps"]:.0f} | {ratio("sps")} | '
+        f'{r["learner_ups"]:.2f} | {ratio("learner_ups")} | '
+        f'{r["batch_mean"]:.1f} | {_fmt(r.get("expected_batch"))} | '
+        f'{_fmt(r.get("learner_ms_per_batch"))} |')
   return '\n'.join(lines)
 
 
@@ -1008,6 +1105,9 @@ def parse_args(argv=None):
                       help='ship transitions to a replay server process and '
                       'run every mode against one with replay.wal off and '
                       'one with flush, interleaved (no baseline)')
+  parser.add_argument('--learner', action='store_true',
+                      help='a learner thread trains beside the actor on the '
+                      'same device through every window (see above)')
   parser.add_argument('--out', default=None, help='write the records as JSON')
   parser.add_argument('--plot', default=None, help='write a PNG bar chart')
   args = parser.parse_args(argv)
@@ -1084,6 +1184,9 @@ def main(argv=None):
   if args.wal:
     print()
     print(wal_table(records))
+  if args.learner:
+    print()
+    print(learner_table(records))
   print(f'\n{time.monotonic() - start:.0f} s in all.')
   if args.out:
     with open(args.out, 'w') as f:

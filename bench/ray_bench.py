@@ -9,6 +9,11 @@ run under `--script ray` vs `--script parallel`.
                        hosted in a Ray actor (the data plane of --script ray)
                ray     a Ray actor method call per step (`ray.get`), what
                        a Ray-only design would do
+               batch_tcp  our BlockingClient -> the actor's BatchServer
+                       (VER cutoff) over TCP, hosted in a Ray actor
+               batch_ray  `RayTransport`'s client -> the same BatchServer
+                       through Ray only (for nodes that cannot open
+                       sockets to each other)
              The server answers with a zero action, no policy: the ratio is
              the transport's. env steps/s over a fixed window, each mode
              `--rounds` times, interleaved.
@@ -42,29 +47,44 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = {'RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER': '0'}
 # The fast fleet's env: proprioception only, nothing rendered.
 DMC_PROPRIO = {'dmc': {'image': False, 'log_image': False}}
+MODES = ('socket', 'ray', 'batch_tcp', 'batch_ray')
 
 
 # ------------------------------------------------------------ transport
 
 class PolicyServer:
-  """The zero-action server, reachable both ways: our socket (`addr`) and
-  Ray calls (`act`)."""
+  """The zero-action server, reachable four ways: our socket (`addr`), Ray
+  calls (`act`), and a BatchServer over TCP (`batch_addr`) and over Ray
+  (`batch_client`)."""
 
-  def __init__(self, act_space):
+  def __init__(self, act_space, envs):
+    from dreamer_ver.actor.preemption import VER
     from dreamer_ver.rpc.addresses import free_port
+    from dreamer_ver.rpc.batch_server import BatchServer
+    from dreamer_ver.rpc.ray_transport import RayTransport
     from dreamer_ver.rpc.server import Server
     self.action = {k: np.zeros(s.shape, s.dtype) for k, s in act_space.items()}
     self.addr = f'127.0.0.1:{free_port()}'
     self.server = Server(self.addr, 'Policy', workers=1)
     self.server.bind('act', self.act)
     self.server.start()
+    self.batch_addr = f'127.0.0.1:{free_port()}'
+    self.ray_transport = RayTransport()
+    self.batch = BatchServer(
+        self.batch_addr, lambda requests: ([self.action] * len(requests), None),
+        VER(max(1, int(envs / 1.5)), envs), name='BatchPolicy',
+        transports=('tcp', self.ray_transport))
+    self.batch.start()
 
   def act(self, obs):
     del obs
     return self.action
 
-  def address(self):
-    return self.addr
+  def address(self, batch=False):
+    return self.batch_addr if batch else self.addr
+
+  def batch_client(self):
+    return self.ray_transport.client()
 
 
 class EnvLoop:
@@ -73,6 +93,7 @@ class EnvLoop:
   def __init__(self, seed):
     from dreamer_ver.envs import make_env
     self.env = make_env('dmc_cartpole_balance', DMC_PROPRIO, seed=seed)
+    self.seed = seed
     self.steps = 0
     self.running = threading.Event()
 
@@ -83,10 +104,13 @@ class EnvLoop:
     """Steps for `seconds`, asking `policy` (a Ray handle) or our server at
     its address for each action; returns the steps done."""
     from dreamer_ver.rpc.blocking_client import BlockingClient
-    client = None
-    if mode == 'socket':
-      client = BlockingClient(ray.get(policy.address.remote()))
+    client = ray_client = None
+    if mode in ('socket', 'batch_tcp'):
+      client = BlockingClient(ray.get(policy.address.remote(
+          mode == 'batch_tcp')))
       client.connect(threading.Event())
+    elif mode == 'batch_ray':
+      ray_client = ray.get(policy.batch_client.remote())
     action = {k: np.zeros(s.shape, s.dtype)
               for k, s in self.env.act_space.items()}
     action['reset'] = np.bool_(True)
@@ -94,26 +118,31 @@ class EnvLoop:
     while time.monotonic() < end:
       obs = {k: np.asarray(v, order='C')
              for k, v in self.env.step(action).items()}
+      obs['envid'] = np.int64(self.seed)
       if client is not None:
         action = client.call('act', obs)
+      elif ray_client is not None:
+        action = ray_client.call(obs)
       else:
         action = ray.get(policy.act.remote(obs))
       steps += 1
     if client is not None:
       client.close()
+    if ray_client is not None:
+      ray_client.close()
     return steps
 
 
 def transport(envs, seconds, rounds):
   space = EnvLoop(0).act_space()
   policy = ray.remote(PolicyServer).options(
-      max_concurrency=envs + 1).remote(space)
+      max_concurrency=envs + 1).remote(space, envs)
   loops = [ray.remote(EnvLoop).options(num_cpus=0.1).remote(i)
            for i in range(envs)]
   ray.get([loop.act_space.remote() for loop in loops])
-  results = {'socket': [], 'ray': []}
+  results = {mode: [] for mode in MODES}
   for r in range(rounds):
-    for mode in (('socket', 'ray') if r % 2 == 0 else ('ray', 'socket')):
+    for mode in (MODES if r % 2 == 0 else MODES[::-1]):
       steps = ray.get([loop.run.remote(mode, policy, seconds)
                        for loop in loops])
       results[mode].append(sum(steps) / seconds)
@@ -158,6 +187,8 @@ def main():
   parser.add_argument('--seconds', type=float, default=10.0)
   parser.add_argument('--rounds', type=int, default=2)
   parser.add_argument('--run_seconds', type=float, default=90.0)
+  parser.add_argument('--transport_only', action='store_true',
+                      help='skip the whole-run comparison')
   parser.add_argument('--out', default='')
   args = parser.parse_args()
   os.environ.update(LOOPBACK)
@@ -172,17 +203,20 @@ def main():
     result['transport'] = transport(args.envs, args.seconds, args.rounds)
     t = result['transport']
     print(f"transport: socket {t['socket']:.0f} vs ray {t['ray']:.0f} env "
-          f"steps/s = {t['socket'] / t['ray']:.2f}x", flush=True)
+          f"steps/s = {t['socket'] / t['ray']:.2f}x; batch server over "
+          f"tcp {t['batch_tcp']:.0f} vs RayTransport {t['batch_ray']:.0f} = "
+          f"{t['batch_ray'] / t['batch_tcp']:.2f}x", flush=True)
     ray.shutdown()
-    with tempfile.TemporaryDirectory() as tmp:
-      result['run'] = {
-          script: run(script, cluster.address, args.envs,
-                      args.envs_per_worker, args.run_seconds,
-                      Path(tmp) / script)
-          for script in ('parallel', 'ray')}
-    r = result['run']
-    print(f"run: ray {r['ray']:.0f} vs parallel {r['parallel']:.0f} env "
-          f"steps/s = {r['ray'] / r['parallel']:.2f}x", flush=True)
+    if not args.transport_only:
+      with tempfile.TemporaryDirectory() as tmp:
+        result['run'] = {
+            script: run(script, cluster.address, args.envs,
+                        args.envs_per_worker, args.run_seconds,
+                        Path(tmp) / script)
+            for script in ('parallel', 'ray')}
+      r = result['run']
+      print(f"run: ray {r['ray']:.0f} vs parallel {r['parallel']:.0f} env "
+            f"steps/s = {r['ray'] / r['parallel']:.2f}x", flush=True)
   finally:
     ray.shutdown()
     cluster.shutdown()

@@ -1,7 +1,8 @@
 """Score curves: ours (mean and spread across seeds) next to DreamerV3's.
 
     python -m dreamer_ver.plot LOGDIR [LOGDIR ...] [--reference dmc_proprio]
-        [--task T] [--out FILE.png] [--bins N] [--eval] [--spread minmax|sd]
+        [--runs LABEL LOGDIR [LOGDIR ...]] [--key METRIC]
+        [--task T] [--out FILE.png|.svg] [--bins N] [--eval] [--spread minmax|sd]
         [--xmax STEPS] [--target SCORE] [--table STEPS ...] [--last N]
         [--window STEPS] [--ref_xscale F] [--title T] [--label L]
     python -m dreamer_ver.plot --reference dmc_proprio --task dmc_walker_walk
@@ -10,10 +11,13 @@
 Each LOGDIR is one seed of the same run (a logdir holding `scores.jsonl`, or a
 `scores.jsonl`-style file itself). Only finished episodes are read: train
 episodes by default, eval episodes with `--eval` (records without an `eval`
-key, as `--script train` writes them, count as train episodes).
+key, as `--script train` writes them, count as train episodes). `--key K`
+reads the values of K in each logdir's `metrics.jsonl` instead (any scalar
+the run logs, e.g. `train/loss/dyn`). `--runs LABEL LOGDIR ...` adds
+another run or method (its own seeds) to the same figure, in its own colour.
 
 The curve: env steps from 0 to `--xmax` (default: the largest step of any
-seed) are cut into `--bins` equal bins; each seed's value in a bin is the
+seed, and with a reference at least its third point) are cut into `--bins` equal bins; each seed's value in a bin is the
 mean score of the episodes that ended in it (empty bins are left out, not
 drawn as zero); the line is the mean over the seeds that have a value, the
 band their min..max (`--spread minmax`, default) or mean ± sd (`--spread sd`,
@@ -90,9 +94,37 @@ def load_scores(path, eval=False):
   return np.asarray(steps)[order], np.asarray(scores)[order]
 
 
+def load_metric(path, key):
+  """(steps, values) of `key` in a logdir's `metrics.jsonl` (or that
+  file), sorted by step; rows without the key are skipped."""
+  path = Path(path)
+  path = path / 'metrics.jsonl' if path.is_dir() else path
+  steps, values = [], []
+  with path.open() as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # Blank, or cut short by a crash mid-write.
+      if isinstance(record.get(key), (int, float)) and 'step' in record:
+        steps.append(float(record['step']))
+        values.append(float(record[key]))
+  order = np.argsort(steps, kind='stable')
+  return np.asarray(steps)[order], np.asarray(values)[order]
+
+
+def series_path(path, key=None):
+  """The file a logdir's curve comes from: scores, or metrics for `key`."""
+  path = Path(path)
+  if not path.is_dir():
+    return path
+  return path / ('metrics.jsonl' if key else 'scores.jsonl')
+
+
 def config_task(logdir):
-  """The `task` in `logdir/config.yaml`, or None."""
-  path = Path(logdir) / 'config.yaml'
+  """The `task` in `logdir/config.yaml` (for a file: beside it), or None."""
+  logdir = Path(logdir)
+  path = (logdir if logdir.is_dir() else logdir.parent) / 'config.yaml'
   if not path.is_file():
     return None
   from ruamel.yaml import YAML
@@ -138,7 +170,8 @@ def reference_runs(runs, task, xscale=None):
   for run in runs:
     if run['task'] == name:
       xs = np.asarray(run['xs'], float) * xscale
-      ys = np.asarray(run['ys'], float)
+      ys = np.asarray(run['ys'], float)  # null (no episode yet) -> nan
+      xs, ys = xs[np.isfinite(ys)], ys[np.isfinite(ys)]
       order = np.argsort(xs, kind='stable')
       picked.append((xs[order], ys[order]))
   return picked
@@ -149,6 +182,19 @@ def reference_tasks(runs):
 
 
 # ---------------------------------------------------------------- binning
+
+def default_xmax(seeds, ref_runs):
+  """The last step shown: the largest of any seed, and with a reference at
+  least its runs' third point, so that a short run still shows the
+  reference as a line."""
+  xmax = max((s[-1] for s, _ in seeds if len(s)), default=0.0)
+  if ref_runs and not seeds:
+    return max(xs[-1] for xs, _ in ref_runs)
+  if ref_runs:
+    third = [xs[min(2, len(xs) - 1)] for xs, _ in ref_runs if len(xs)]
+    xmax = max(xmax, float(np.median(third)))
+  return xmax
+
 
 def bin_edges(xmax, bins):
   """`bins` equal bins covering [0, xmax]."""
@@ -274,45 +320,52 @@ def format_table(rows, last=20, window=10000):
 
 # ---------------------------------------------------------------- drawing
 
-def draw(path, x, ours, seeds=None, ref=None, title='', labels=(),
-         xmax=None, target=None):
-  """Writes the PNG. `ours` and `ref` are (mean, lo, hi, count) on `x`
-  (either may be None); `seeds` the per-seed curves, drawn thin; `labels`
-  (ours, reference); `target` a score drawn as a dotted horizontal line."""
+COLORS = ('tab:blue', 'tab:orange', 'tab:green', 'tab:red', 'tab:purple',
+          'tab:brown', 'tab:pink', 'tab:olive')
+
+
+def draw(path, x, groups, ref=None, title='', ref_label='DreamerV3',
+         xmax=None, target=None, ylabel='episode return'):
+  """Writes the figure (PNG, SVG or PDF by `path`'s suffix). `groups` is
+  [(label, seeds, (mean, lo, hi, count))], one colour each: its per-seed
+  curves drawn thin, its mean thick with the band; `ref` the reference's
+  (mean, lo, hi, count) on `x`; `target` a score drawn as a dotted line.
+  Returns what it drew: {'xlim', 'title', 'labels'}."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
-  ours_label, ref_label = (list(labels) + ['ours', 'DreamerV3'])[:2]
   fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
   if ref is not None:
     mean, lo, hi, _ = ref
     ax.plot(x, mean, color='tab:gray', ls='--', lw=1.5, label=ref_label)
     ax.fill_between(x, lo, hi, color='tab:gray', alpha=0.2, lw=0)
-  if seeds is not None and len(seeds) > 1:
-    for curve in seeds:
-      keep = ~np.isnan(curve)
-      ax.plot(x[keep], curve[keep], color='tab:blue', lw=0.6, alpha=0.35)
-  if ours is not None:
-    mean, lo, hi, _ = ours
+  for (label, seeds, (mean, lo, hi, _)), color in zip(
+      groups, COLORS * (1 + len(groups) // len(COLORS))):
+    if len(seeds) > 1:
+      for curve in seeds:
+        keep = ~np.isnan(curve)
+        ax.plot(x[keep], curve[keep], color=color, lw=0.6, alpha=0.35)
     keep = ~np.isnan(mean)
-    ax.plot(x[keep], mean[keep], color='tab:blue', lw=2, label=ours_label,
+    ax.plot(x[keep], mean[keep], color=color, lw=2, label=label,
             marker='.' if keep.sum() < 3 else None)
-    ax.fill_between(x[keep], lo[keep], hi[keep], color='tab:blue',
-                    alpha=0.2, lw=0)
+    ax.fill_between(x[keep], lo[keep], hi[keep], color=color, alpha=0.2,
+                    lw=0)
   if target is not None:
     ax.axhline(target, color='tab:red', ls=':', lw=1,
                label=f'target {target:g}')
   ax.set_xlim(0, xmax or x[-1])
   ax.set_xlabel('env steps')
-  ax.set_ylabel('episode return')
+  ax.set_ylabel(ylabel)
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend(loc='best', fontsize='small')
   fig.tight_layout()
   fig.savefig(path)
+  drawn = {'xlim': ax.get_xlim(), 'title': ax.get_title(),
+           'labels': [t.get_text() for t in ax.get_legend().get_texts()]}
   plt.close(fig)
-  return path
+  return drawn
 
 
 # ---------------------------------------------------------------- CLI
@@ -320,17 +373,26 @@ def draw(path, x, ours, seeds=None, ref=None, title='', labels=(),
 def parse_args(argv):
   parser = argparse.ArgumentParser(
       prog='python -m dreamer_ver.plot',
-      description='Score vs env steps across seeds, next to DreamerV3.')
+      description='Score (or any metric) vs env steps across seeds, next to '
+                  'DreamerV3 and other runs.')
   add = parser.add_argument
   add('logdirs', nargs='*',
-      help='one logdir (or scores.jsonl file) per seed; none: the reference '
-           'alone (needs --reference and --task)')
+      help='one logdir (or scores.jsonl / metrics.jsonl file) per seed; '
+           'none: the reference alone (needs --reference and --task)')
+  add('--runs', nargs='+', action='append', default=[],
+      metavar=('LABEL', 'LOGDIR'),
+      help='another run or method in the same figure: its label, then one '
+           'logdir per seed (repeatable)')
+  add('--key', default='',
+      help="plot this metrics.jsonl key (e.g. train/loss/dyn) instead of "
+           "the episode scores")
   add('--reference', default='',
-      help='dmc_proprio, dmc_vision, atari100k, ... or a .json.gz path')
+      help='dmc_proprio, dmc_vision, atari100k, atari57 or a .json.gz path')
   add('--task', default='',
       help="reference task (default: task in the first logdir's config.yaml)")
   add('--out', default='',
-      help='PNG path (default: <first logdir>/scores.png)')
+      help='figure path; .png, .svg or .pdf (default: <first logdir>/'
+           'scores.png, or <key>.png with --key)')
   add('--bins', type=int, default=30,
       help='equal bins over [0, xmax] (default 30)')
   add('--eval', action='store_true',
@@ -338,7 +400,8 @@ def parse_args(argv):
   add('--spread', choices=('minmax', 'sd'), default='minmax',
       help='band across seeds: min..max (default) or mean ± sd')
   add('--xmax', type=float, default=0.0,
-      help='last env step shown (default: largest step in the scores)')
+      help="last env step shown (default: the runs' largest step, and at "
+           "least the reference's third point)")
   add('--table', type=float, nargs='+', default=None, metavar='STEPS',
       help='print a markdown table row per step')
   add('--last', type=int, default=20,
@@ -349,8 +412,8 @@ def parse_args(argv):
       help='factor on reference xs (default 1; 0.25 for Atari frames)')
   add('--target', type=float, default=None,
       help='draw this score as a dotted line')
-  add('--title', default='')
-  add('--label', default='', help='legend label of our curve')
+  add('--title', default='', help='(default: the task)')
+  add('--label', default='', help='legend label of the logdirs\' curve')
   return parser.parse_args(argv)
 
 
@@ -358,64 +421,74 @@ def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
   if args.bins < 1:
     return _fail('--bins must be >= 1')
-  if not args.logdirs and not (args.reference and args.task):
+  if not args.logdirs and not args.runs and not (args.reference and args.task):
     return _fail('give logdirs, or --reference and --task for the '
                  'reference alone')
-  seeds = []
-  for logdir in args.logdirs:
-    if not scores_path(logdir).is_file():
-      return _fail(f'no scores at {scores_path(logdir)}')
-    seeds.append(load_scores(logdir, eval=args.eval))
+  if args.key and (args.reference or args.table):
+    return _fail('--key plots a metric: no --reference or --table with it')
+  if any(len(run) < 2 for run in args.runs):
+    return _fail('--runs needs a label and at least one logdir')
   kind = 'eval' if args.eval else 'train'
-  if seeds and not any(len(s) for s, _ in seeds):
-    hint = '' if args.eval else ' (eval episodes need --eval)'
-    return _fail(f'no {kind} episodes in {", ".join(args.logdirs)}{hint}')
-  first = Path(args.logdirs[0]) if args.logdirs else None
-  task = args.task or (
-      config_task(first) if first and first.is_dir() else None) or ''
+  runs = ([(args.label, args.logdirs)] if args.logdirs else []) + [
+      (run[0], run[1:]) for run in args.runs]
+  loaded = []  # (label, [(steps, values)] per seed)
+  for label, logdirs in runs:
+    seeds = []
+    for logdir in logdirs:
+      path = series_path(logdir, args.key)
+      if not path.is_file():
+        return _fail(f'no {"metrics" if args.key else "scores"} at {path}')
+      seeds.append(load_metric(path, args.key) if args.key else
+                   load_scores(path, eval=args.eval))
+    if not any(len(s) for s, _ in seeds):
+      what = f'{args.key!r} values' if args.key else f'{kind} episodes'
+      hint = '' if args.eval or args.key else ' (eval episodes need --eval)'
+      return _fail(f'no {what} in {", ".join(logdirs)}{hint}')
+    loaded.append((label, seeds))
+  first = Path(runs[0][1][0]) if runs else None
+  task = args.task or (config_task(first) if first else None) or ''
 
   ref_runs = []
   if args.reference:
     if not task:
       return _fail('--reference needs --task (no config.yaml with a task)')
     try:
-      runs = load_reference(args.reference)
+      ref_file = load_reference(args.reference)
     except FileNotFoundError as e:
       return _fail(str(e))
-    ref_runs = reference_runs(runs, task, args.ref_xscale)
+    ref_runs = reference_runs(ref_file, task, args.ref_xscale)
     if not ref_runs:
       return _fail(
           f"reference '{args.reference}' has no runs for task "
           f"'{reference_task(task)}'; it has: "
-          f"{', '.join(reference_tasks(runs))}")
+          f"{', '.join(reference_tasks(ref_file))}")
 
+  seeds = [seed for _, group in loaded for seed in group]
   if args.table:
-    rows = table_rows(seeds, ref_runs, args.table, task or '?', args.last,
-                      args.window)
+    rows = table_rows(loaded[0][1] if loaded else [], ref_runs, args.table,
+                      task or '?', args.last, args.window)
     print(format_table(rows, args.last, args.window))
   if not seeds and not args.out:
-    return 0  # The reference alone: a PNG only when --out asks for one.
+    return 0  # The reference alone: a figure only when --out asks for one.
 
-  if args.xmax:
-    xmax = args.xmax
-  elif seeds:
-    xmax = max(s[-1] for s, _ in seeds if len(s))
-  else:
-    xmax = max(xs[-1] for xs, _ in ref_runs)
+  xmax = args.xmax or default_xmax(seeds, ref_runs)
   edges = bin_edges(xmax, args.bins)
   x = centres(edges)
-  curves = np.array([bin_scores(s, y, edges) for s, y in seeds])
-  ours = aggregate(curves, args.spread) if seeds else None
+  groups = []
+  for label, group in loaded:
+    curves = np.array([bin_scores(s, y, edges) for s, y in group])
+    n = len(group)
+    label = label or f"ours, {kind} ({n} seed{'s' if n > 1 else ''})"
+    groups.append((label, curves, aggregate(curves, args.spread)))
   ref = None
   if ref_runs:
     ref = reference_curve(ref_runs, x, (edges[1] - edges[0]) / 2, args.spread)
-  n = len(seeds)
-  labels = (args.label or f"ours, {kind} ({n} seed{'s' if n > 1 else ''})",
-            f'DreamerV3 {args.reference} ({len(ref_runs)} runs)')
-  title = args.title or task or str(first)
+  name = args.key.replace('/', '_') if args.key else 'scores'
   out = Path(args.out) if args.out else (
-      (first if first.is_dir() else first.parent) / 'scores.png')
-  draw(out, x, ours, curves, ref, title, labels, xmax, args.target)
+      (first if first.is_dir() else first.parent) / f'{name}.png')
+  draw(out, x, groups, ref, args.title or task or str(first),
+       f'DreamerV3 {args.reference} ({len(ref_runs)} runs)', xmax,
+       args.target, args.key or 'episode return')
   print(f'Wrote {out}', file=sys.stderr if args.table else sys.stdout)
   return 0
 

@@ -134,7 +134,8 @@ RANGES = (
      lambda v: v >= 1, 'must be >= 1'),
     (('replay_context', 'replica', 'run.eval_envs', 'run.envid_offset',
       'run.crash_limit', 'run.peer_timeout',
-      'run.eval_every', 'run.eval_timeout', 'run.duration',
+      'run.eval_every', 'run.eval_timeout', 'run.eval_max_steps',
+      'run.duration',
       'run.actor_min_wait',
       'env.gym.max_episode_steps', 'env.crafter.length') + _agent(
           'rssm.imglayers', 'rssm.obslayers', 'rssm.dynlayers', 'enc.layers',

@@ -100,6 +100,19 @@ def test_reference_task_names_and_atari_frames():
     plot.reference_path('no_such_benchmark')
 
 
+def test_the_atari57_reference_covers_the_57_games_in_agent_steps():
+  runs = plot.load_reference('atari57')
+  games = plot.reference_tasks(runs)
+  assert len(games) == 57 and 'atari_pong' in games
+  pong = plot.reference_runs(runs, 'atari_pong')
+  assert len(pong) >= 1
+  # 200M frames are 50M agent steps; Pong goes from -21 towards +21. The
+  # points before a run's first episode (null in the file) are left out.
+  assert max(xs[-1] for xs, _ in pong) == 50e6
+  assert all(np.isfinite(ys).all() and xs[0] > 0 for xs, ys in pong)
+  assert all(ys[0] < -15 and ys[-1] > 15 for _, ys in pong)
+
+
 def test_dmc_proprio_reference_at_100k_steps(capsys):
   runs = plot.load_reference('dmc_proprio')
   assert plot.reference_path('dmc_proprio') == REFERENCE
@@ -144,3 +157,55 @@ def test_cli_writes_png_and_prints_table(tmp_path, capsys):
   assert (tmp_path / 'seed0' / 'scores.png').is_file()
   assert plot.main([str(tmp_path / 'missing')]) == 2
   assert plot.main([dirs[0], '--reference', str(tmp_path / 'x.json.gz')]) == 2
+
+
+def test_a_short_run_shows_the_reference_over_its_first_points():
+  ref = [(np.array([1e4, 2e4, 3e4, 4e4]), np.zeros(4))] * 3
+  ours = [(np.array([100.0, 5000.0]), np.zeros(2))]
+  assert plot.default_xmax(ours, ref) == 3e4  # its third point
+  assert plot.default_xmax([(np.array([9e4]), np.zeros(1))], ref) == 9e4
+  assert plot.default_xmax([], ref) == 4e4  # the reference alone: all of it
+
+
+def test_several_runs_metrics_keys_and_svg_in_one_figure(tmp_path):
+  pytest.importorskip('matplotlib')
+  runs = {}
+  for name, slope in (('a', 1.0), ('b', 2.0)):
+    for seed in range(2):
+      logdir = write_scores(tmp_path / f'{name}{seed}', [
+          {'step': s, 'score': slope * s} for s in range(0, 1001, 100)],
+          task='dmc_walker_walk')
+      with (logdir / 'metrics.jsonl').open('w') as f:
+        for s in range(0, 1001, 100):
+          f.write(json.dumps({'step': s, 'train/loss/dyn': slope * s}) + '\n')
+        f.write(json.dumps({'step': 1100, 'fps/policy': 3.0}) + '\n')
+      runs.setdefault(name, []).append(str(logdir))
+  drawn = []
+  real = plot.draw
+  plot.draw = lambda *a, **k: drawn.append(real(*a, **k)) or drawn[-1]
+  try:
+    out = tmp_path / 'dyn.svg'
+    assert plot.main([*runs['a'], '--label', 'A', '--runs', 'B', *runs['b'],
+                      '--key', 'train/loss/dyn', '--bins', '5',
+                      '--out', str(out)]) == 0
+  finally:
+    plot.draw = real
+  assert out.read_text().lstrip().startswith('<?xml')
+  assert '<svg' in out.read_text()
+  (fig,) = drawn
+  assert fig['labels'] == ['A', 'B'] and fig['title'] == 'dmc_walker_walk'
+  assert fig['xlim'] == (0.0, 1000.0)  # the key's rows only, not step 1100
+  # The values by bin, per run: the mean of the two seeds.
+  edges = plot.bin_edges(1000, 5)
+  for logdir, slope in ((runs['a'][0], 1.0), (runs['b'][1], 2.0)):
+    steps, values = plot.load_metric(logdir, 'train/loss/dyn')
+    np.testing.assert_array_equal(values, slope * steps)
+    binned = plot.bin_scores(steps, values, edges)
+    np.testing.assert_allclose(binned, slope * np.array(
+        [50, 250, 450, 650, 900]))
+  # A file's title is the task beside it; mistakes are one-line errors.
+  assert plot.config_task(tmp_path / 'a0' / 'scores.jsonl') == (
+      'dmc_walker_walk')
+  assert plot.main([runs['a'][0], '--key', 'no/such']) == 2
+  assert plot.main([runs['a'][0], '--key', 'x', '--reference', 'atari57']) == 2
+  assert plot.main(['--runs', 'lonely']) == 2

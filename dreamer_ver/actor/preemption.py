@@ -230,15 +230,17 @@ class Shared:
 
 class Preempt(Cutoff):
   """VER's preemption decider, moved from rollouts to inference batches:
-  cut at the batch size S that maximises S / (Time(S) + LT).
+  with k requests queued, cut now or after the next j predicted arrivals,
+  whichever serves the fleet fastest, each batch costing its inference
+  time plus LT, the learner's device time per batch (`Shared`, zero when
+  no learner reports). VER maximises S / (Time(S) + LT) for one rollout;
+  here every queued request's wait counts too, because a waiting env is an
+  idle env (`_best_cut`; VER's literal argmax batched too eagerly and lost
+  to VER's own inference-worker rule in bench/README.md).
 
-  Time(S) is the time from the start of the batch's collection (the lane
-  free and a request queued) until a batch of S is served: the wait for
-  the S - k predicted arrivals beyond the k queued, plus the inference
-  time of a batch of S. LT is the learner's device time per batch
-  (`Shared`, zero when no learner reports). It learns, per env, the time
-  from a reply to that env's next request (its step time, windowed mean),
-  and the inference time of each padded bucket. Guard rails from VER's
+  It learns, per env, the time from a reply to that env's next request (its
+  step time, windowed mean), and the inference time of each padded bucket.
+  Guard rails from VER's
   inference worker: at most `max_batch`; fewer than `min_batch` only after
   an adaptive minimum wait (half the mean inference time, counted from the
   last batch); `min_batch` follows the live envs (N / 1.5 W, W = `threads`
@@ -291,12 +293,13 @@ class Preempt(Cutoff):
     # delay, arrivals a little late); the options price that in.
     lag = self.shared.lag
     arrivals = [a + lag for a in self._predicted_arrivals(now, deadline)]
-    start = pending[0].arrival
-    if self.last_batch.time is not None:
-      start = max(start, self.last_batch.time)
+    # Each batch costs the device its inference plus the learner's time
+    # per batch (VER's LT): with a learner beside it, fewer, larger batches.
+    learner = self.shared.learner_per_batch
+    infer = [t + learner if n else 0.0
+             for n, t in enumerate(self._infer_table())]
     best, best_wait = self._best_cut(
-        count, arrivals[:self.max_batch - count], start, now,
-        self._infer_table(), self.shared.learner_per_batch)
+        count, arrivals[:self.max_batch - count], now, infer)
     if best == 0:
       min_wait = self.recent.mean / 2
       since = self.last_batch.since(pending, now)
@@ -308,19 +311,34 @@ class Preempt(Cutoff):
     return max(1e-4, min(best_wait, deadline - now))
 
   @staticmethod
-  def _best_cut(count, arrivals, start, now, infer, learner):
-    """VER's argmax S / (Time(S) + LT) over the batches reachable by
-    waiting for the first j predicted arrivals (S = count + j), returning
-    (j, seconds to wait). `start` is when this batch's collection began,
-    `infer[n]` the predicted inference time of a batch of n, `learner` LT.
-    Ties go to the earlier cut."""
-    best, best_wait, best_rate = 0, 0.0, None
+  def _best_cut(count, arrivals, now, infer):
+    """How many of the predicted arrivals to wait for, and how long.
+
+    Every option serves the same requests (the queued ones and the predicted
+    arrivals): waiting for the first j arrivals serves k + j in one batch
+    when the j-th arrives; the later arrivals are then served the way the
+    actor serves them online once it is free (`_greedy_cost`). The option
+    with the least total time from arrival (or now, for queued requests) to
+    reply serves the fleet fastest: cutting at once wins when a batch is
+    cheap against the gaps between arrivals, waiting wins when an arrival is
+    due before a second batch could be paid for. Arrivals due later than a
+    batch of the queued requests would take are never waited for: by then
+    that batch would be done and the actor free again. `infer[n]` is the
+    predicted time of a batch of n, the learner's share included.
+    """
+    best, best_wait, best_cost = 0, 0.0, None
+    waited = 0.0  # sum of the arrival times waited for so far
     for j in range(len(arrivals) + 1):
-      ready = arrivals[j - 1] if j else now
-      size = count + j
-      rate = size / max(1e-9, ready - start + infer[size] + learner)
-      if best_rate is None or rate > best_rate * (1 + 1e-9):
-        best, best_wait, best_rate = j, ready - now, rate
+      if j:
+        waited += arrivals[j - 1]
+      start = arrivals[j - 1] if j else now
+      if start - now > infer[count]:
+        break
+      done = start + infer[count + j]
+      cost = count * (done - now) + j * done - waited
+      cost += _greedy_cost(done, arrivals, j, infer)
+      if best_cost is None or cost < best_cost - 1e-12:
+        best, best_wait, best_cost = j, start - now, cost
     return best, best_wait
 
   def _min_batch(self):
@@ -416,6 +434,23 @@ class Preempt(Cutoff):
       return 1e-3
     bucket, seconds = min(known, key=lambda x: abs(x[0] - size))
     return seconds * max(1.0, size / bucket)
+
+
+def _greedy_cost(free, arrivals, first, infer):
+  """Total time to reply of the sorted `arrivals[first:]`, served by an
+  actor that is free at `free` and cuts whatever has arrived whenever it is
+  free."""
+  cost, i, n = 0.0, first, len(arrivals)
+  while i < n:
+    start = max(free, arrivals[i])
+    k, waited = i, 0.0
+    while k < n and arrivals[k] <= start:
+      waited += arrivals[k]
+      k += 1
+    free = start + infer[k - i]
+    cost += (k - i) * free - waited
+    i = k
+  return cost
 
 
 def max_batch(run, envs, lanes=1):

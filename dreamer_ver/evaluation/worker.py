@@ -357,7 +357,8 @@ class PeriodicEvaluation:
         params, version = self.latest()
         if version != submitted:
           worker.submit(params, version, self.config.run.eval_worker_envs,
-                        self.config.run.eval_mode)
+                        self.config.run.eval_mode,
+                        self.config.run.eval_max_steps)
           submitted = version
       result = worker.poll(timeout=min(1.0, self.every))
       if result is not None:

@@ -82,7 +82,7 @@ def eval_only(config):
         agent, jax.device_put(state['params'], device), envs,
         episode_shares(episodes, count), mode, config.seed,
         config.run.duration, record=config.run.eval_video,
-        on_episode=_printer())
+        on_episode=_printer(), max_steps=config.run.eval_max_steps)
     if len(results) < episodes:
       print(f'Stopped after run.duration = {config.run.duration} s.')
   finally:

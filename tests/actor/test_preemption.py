@@ -28,7 +28,8 @@ def trained(envs, step_time, inference, now=0.0, **kw):
 
 def test_waits_when_an_arrival_is_imminent_and_worth_it():
   # Inference is expensive (20 ms) and the other env is due in 1 ms:
-  # 2 served in 21 ms beats 1 in 20 ms (VER's S / Time(S)).
+  # serving both at 21 ms (total 21 + 20 ms) beats serving env 0 at 20 ms
+  # and env 1 after a second batch at 40 ms (total 20 + 39 ms).
   policy, t = trained([0, 1], step_time=0.010, inference=0.020)
   policy.observe_reply(1, t + 0.001)  # Env 1 got its reply 1 ms later.
   now = t + 0.010
@@ -49,10 +50,12 @@ def test_cuts_when_waiting_is_not_worth_it():
   assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
-@pytest.mark.parametrize('due_ms, waits', [(3.5, True), (4.5, False)])
-def test_waits_for_an_arrival_while_two_per_batch_beat_one(due_ms, waits):
-  # One queued request, 4 ms per batch, the other env due in d ms: 2 / (d +
-  # 4 ms) steps per second beat 1 / 4 ms while d < 4 ms.
+@pytest.mark.parametrize('due_ms, waits', [(1.5, True), (2.5, False)])
+def test_waits_only_while_an_arrival_beats_a_second_batch(due_ms, waits):
+  # One queued request, 4 ms per batch, the other env due in d ms. Waiting
+  # costs the queued request d ms and the arrival 0; cutting now makes the
+  # arrival wait for the running batch, 4 - d ms more. So it waits while
+  # 2 d < 4 ms.
   policy, t = trained([0, 1], step_time=0.010, inference=0.004)
   policy.observe_reply(1, t + due_ms / 1000)
   now = t + 0.010
@@ -63,12 +66,37 @@ def test_waits_for_an_arrival_while_two_per_batch_beat_one(due_ms, waits):
     assert decision == preemption.Cut(1, 'optimum')
 
 
-def test_the_learners_time_per_batch_makes_larger_batches_worth_waiting_for():
-  # As above with d = 4.5 ms, not worth waiting for alone; but a learner
-  # that takes the device for 2 ms per batch (VER's LT) makes each batch
-  # cost 6 ms, and 2 / (4.5 + 6) beats 1 / 6.
+def test_waits_price_in_how_much_past_waits_overran():
+  # As above with d = 1.5 ms, which is worth waiting for; but if waits
+  # have run 1 ms past their predictions, the arrival is as good as 2.5 ms
+  # away, and cutting now wins.
   policy, t = trained([0, 1], step_time=0.010, inference=0.004)
-  policy.observe_reply(1, t + 0.0045)
+  policy.observe_reply(1, t + 0.0015)
+  now = t + 0.010
+  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0015, abs=2e-4)
+  for _ in range(8):
+    policy.shared.wait_errors.add(0.001)
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
+
+
+def test_cuts_now_when_arrivals_are_spread_out():
+  # 1 ms per batch, four envs due 2, 4, 6 and 8 ms from now: each can be
+  # served on arrival, so holding the queued request for any of them only
+  # adds its wait (a model that lumps the later arrivals into one batch
+  # after the last one would wait 2 ms here).
+  policy, t = trained(list(range(5)), step_time=0.010, inference=0.001)
+  for env in range(1, 5):
+    policy.observe_reply(env, t + 0.002 * env)
+  now = t + 0.010
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
+
+
+def test_the_learners_time_per_batch_makes_waiting_worth_more():
+  # As above with d = 2.5 ms, not worth waiting for alone (2 d > 4 ms); but
+  # a learner that takes the device for 2 ms per batch (VER's LT) makes a
+  # second batch cost 6 ms, and 2 d < 6 ms.
+  policy, t = trained([0, 1], step_time=0.010, inference=0.004)
+  policy.observe_reply(1, t + 0.0025)
   now = t + 0.010
   assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
   policy.observe_reply(0, t)  # (that cut's reply, back as it was)
@@ -77,30 +105,7 @@ def test_the_learners_time_per_batch_makes_larger_batches_worth_waiting_for():
     policy.learner_time(0.0005)
     policy.shared.cut(1, 1, None)
   assert policy.shared.learner_per_batch == pytest.approx(0.002)
-  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0045, abs=2e-4)
-
-
-def test_waits_price_in_how_much_past_waits_overran():
-  # As above with d = 3.5 ms, which is worth waiting for; but if waits
-  # have run 1 ms past their predictions, the arrival is as good as 4.5 ms
-  # away, and cutting now wins.
-  policy, t = trained([0, 1], step_time=0.010, inference=0.004)
-  policy.observe_reply(1, t + 0.0035)
-  now = t + 0.010
-  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0035, abs=2e-4)
-  for _ in range(8):
-    policy.shared.wait_errors.add(0.001)
-  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
-
-
-def test_cuts_now_when_arrivals_are_spread_out():
-  # 1 ms per batch, four envs due 2, 4, 6 and 8 ms from now: 1 per 1 ms
-  # now beats 2 per 3 ms, 3 per 5, 4 per 7 and 5 per 9.
-  policy, t = trained(list(range(5)), step_time=0.010, inference=0.001)
-  for env in range(1, 5):
-    policy.observe_reply(env, t + 0.002 * env)
-  now = t + 0.010
-  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
+  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0025, abs=2e-4)
 
 
 def test_lanes_share_one_decider_and_report_real_against_expected():
@@ -116,9 +121,9 @@ def test_lanes_share_one_decider_and_report_real_against_expected():
   assert lane0.decide([Req(now, 0), Req(now + 0.004, 1)], now + 0.004) == (
       preemption.Cut(2, 'optimum'))
   # The overrun is lane 1's too (4 ms per batch there): its arrival due in
-  # 2 ms, worth waiting for alone, is priced 5 ms away, and 2 / 9 ms is no
-  # better than 1 / 4 ms.
-  lane1.observe_reply(3, t + 0.002)
+  # 1.5 ms, worth waiting for alone (2 x 1.5 < 4 ms), is priced 4.5 ms
+  # away, past a second batch.
+  lane1.observe_reply(3, t + 0.0015)
   assert lane1.decide([Req(now, 2)], now) == preemption.Cut(1, 'optimum')
   stats = lane1.stats()
   assert stats['preempt/wait_error_ms'] == pytest.approx(3.0, abs=0.1)

@@ -57,6 +57,17 @@ def test_eval_only_from_the_command_line(run_dir, tmp_path, capsys):
   assert 'Eval score over 5 episodes (greedy' in text
 
 
+def test_eval_max_steps_cuts_every_episode_as_truncated(run_dir, tmp_path):
+  out = tmp_path / 'eval'
+  config = configlib.load_config([
+      *FLAGS, '--logdir', str(out), '--run.from_checkpoint', str(run_dir),
+      '--run.steps', '3', '--run.eval_worker_envs', '2',
+      '--run.eval_max_steps', '4'])
+  assert eval_only.eval_only(config) == 0
+  records = read(out / 'eval_scores.jsonl')
+  assert [(r['length'], r['truncated']) for r in records] == [(4, True)] * 3
+
+
 def test_eval_only_from_the_ckpt_folder_sampled_and_random(run_dir, tmp_path):
   out = tmp_path / 'eval'
   config = configlib.load_config([
