@@ -44,8 +44,7 @@ mean of its points with S - window <= x <= S + window (`--window`, default
 interpolated where a run has no point there), then mean ± sd over runs.
 All sds are population sds (ddof 0), as in those notes.
 
-The loading, binning and reference functions are pure; `draw` is the only one
-that needs matplotlib (installed by the `plot` extra).
+Only `draw` needs matplotlib (the `plot` extra); the rest is pure.
 """
 
 import argparse
@@ -66,10 +65,13 @@ REF_XUNITS = {'atari': 4.0}
 
 # ---------------------------------------------------------------- loading
 
-def scores_path(path):
-  """`path/scores.jsonl` for a logdir, `path` itself for a file."""
+def series_path(path, key=None):
+  """The file a logdir's curve comes from (`scores.jsonl`, or with a
+  metrics `key` `metrics.jsonl`); a file is itself."""
   path = Path(path)
-  return path / 'scores.jsonl' if path.is_dir() else path
+  if not path.is_dir():
+    return path
+  return path / ('metrics.jsonl' if key else 'scores.jsonl')
 
 
 def load_scores(path, eval=False):
@@ -77,7 +79,7 @@ def load_scores(path, eval=False):
   episodes in a logdir's `scores.jsonl` (or that file): train episodes, or
   eval episodes with `eval=True`. Blank or truncated lines are skipped."""
   steps, scores = [], []
-  with scores_path(path).open() as f:
+  with series_path(path).open() as f:
     for line in f:
       line = line.strip()
       if not line:
@@ -97,10 +99,8 @@ def load_scores(path, eval=False):
 def load_metric(path, key):
   """(steps, values) of `key` in a logdir's `metrics.jsonl` (or that
   file), sorted by step; rows without the key are skipped."""
-  path = Path(path)
-  path = path / 'metrics.jsonl' if path.is_dir() else path
   steps, values = [], []
-  with path.open() as f:
+  with series_path(path, key).open() as f:
     for line in f:
       try:
         record = json.loads(line)
@@ -111,14 +111,6 @@ def load_metric(path, key):
         values.append(float(record[key]))
   order = np.argsort(steps, kind='stable')
   return np.asarray(steps)[order], np.asarray(values)[order]
-
-
-def series_path(path, key=None):
-  """The file a logdir's curve comes from: scores, or metrics for `key`."""
-  path = Path(path)
-  if not path.is_dir():
-    return path
-  return path / ('metrics.jsonl' if key else 'scores.jsonl')
 
 
 def config_task(logdir):

@@ -174,16 +174,10 @@ class VER(Cutoff):
 
 
 class Shared:
-  """What the lanes of one actor share: VER's one preemption decider.
-
-  The learner reports each update's device time (`learner_time`, VER's
-  report of the same name); every lane's cut takes the learner time
-  accumulated since the previous cut of any lane, so `learner_per_batch`
-  is the device time the learner costs per policy batch (VER's LT, with a
-  batch as the rollout). Waits that overran their prediction in one lane
-  make every lane price in the lag; the real-vs-expected report covers all
-  lanes. Thread-safe: lanes and the learner call it from their threads.
-  """
+  """VER's one decider for all lanes of an actor (thread-safe): the
+  learner's device time per batch (VER's LT: each cut of any lane takes the
+  `learner_time` reported since the previous cut), the wait lag every lane
+  prices in, and the real-vs-expected report of all lanes."""
 
   def __init__(self, window=16):
     self.lock = threading.Lock()
