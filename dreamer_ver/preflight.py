@@ -25,7 +25,8 @@ from dreamer_ver.validation import ConfigError
 
 # A suite's extra, by the module whose absence means it is not installed.
 EXTRAS = {'dm_control': 'dmc', 'mujoco': 'dmc', 'ale_py': 'atari',
-          'crafter': 'crafter', 'pygame': 'gym'}
+          'crafter': 'crafter', 'pygame': 'gym', 'memory_maze': 'memmaze',
+          'gym': 'memmaze'}
 PLATFORM_SECONDS = 120  # a first JAX import on a cold machine
 
 

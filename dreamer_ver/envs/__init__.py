@@ -33,6 +33,13 @@ every obs and reset in every action):
     obs image (64,64,3) uint8, log/reward, log/achievement_<name>;
     act action (17 classes).
 
+  memmaze_9x9 ... memmaze_15x15 (``memmaze.MemoryMaze``): Memory Maze
+    obs image (64,64,3) uint8 (``env.memmaze.resolution``); act action
+    (6 classes).
+
+  pinpad_three ... pinpad_eight (``pinpad.PinPad``): press n pads in order
+    obs image (64,64,3) uint8; act action (5 classes).
+
   synthetic_<any name> (``synthetic.Synthetic``), for tests and benchmarks
     obs vector (cue in vector[0]), count; act action (2 classes).
 
@@ -47,8 +54,8 @@ the process that made it: for runs, install the suite as an entry point (or
 register it in a module every process imports).
 
 This package must stay light: it imports neither JAX nor the agent or
-runtime, and suite backends (gymnasium, dm_control, ale-py, crafter) load
-only when their suite is used.
+runtime, and suite backends (gymnasium, dm_control, ale-py, crafter,
+memory-maze) load only when their suite is used.
 """
 
 import functools
@@ -70,6 +77,8 @@ _SUITES = {
     'atari': 'dreamer_ver.envs.atari:Atari',
     'atari100k': 'dreamer_ver.envs.atari:Atari',
     'crafter': 'dreamer_ver.envs.crafter:Crafter',
+    'pinpad': 'dreamer_ver.envs.pinpad:PinPad',
+    'memmaze': 'dreamer_ver.envs.memmaze:MemoryMaze',
     'synthetic': 'dreamer_ver.envs.synthetic:Synthetic',
 }
 _entry_points_loaded = False
