@@ -614,8 +614,7 @@ class LearnerLoad:
     state = agent.init_state(agent.init_params(config.seed), config.seed)
     self.learner = Learner(
         agent, state, actor.params, config, replay=NoReplay(), logger=None,
-        ckpt=None, counters={'version': actor.params.version},
-        on_update=self._heard)
+        ckpt=None, counters={'version': actor.params.version})
     self.learner.compile()
     self.batch = self.learner.zero_batch(
         config.batch_length + config.replay_context)
@@ -631,15 +630,17 @@ class LearnerLoad:
     if listener is not None:
       listener(seconds)
 
-  def _loop(self):
+  def _update(self):
+    """One update, timed past the device's work."""
     import jax
-    import time as time_
-    put = self.learner.parallel.put_rows
+    began = time.perf_counter()
+    self.learner.train_step(self.learner.parallel.put_rows(dict(self.batch)))
+    jax.block_until_ready(self.learner.state['params'])
+    return time.perf_counter() - began
+
+  def _loop(self):
     while not self.stopped.is_set():
-      began = time_.perf_counter()
-      self.learner.train_step(put(dict(self.batch)))
-      jax.block_until_ready(self.learner.state['params'])
-      self._heard(time_.perf_counter() - began)
+      self._heard(self._update())
 
   def close(self):
     self.stopped.set()

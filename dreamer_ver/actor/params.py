@@ -12,11 +12,14 @@ import jax.numpy as jnp
 
 
 class ParamsStore:
-  """`devices`: where the copies live (None: JAX's default device)."""
+  """`devices`: where the copies live (None: JAX's default device). Every
+  copy is committed to its device, whatever placement the published params
+  had, so a step compiled for the first copies fits every later one."""
 
   def __init__(self, params, version=0, devices=(None,)):
     self._lock = threading.Lock()
-    self._devices = tuple(devices)
+    self._devices = tuple(jax.devices()[0] if d is None else d
+                          for d in devices)
     self._copies = self._own(params)
     self._version = int(version)
 
@@ -42,10 +45,8 @@ class ParamsStore:
       return self._version
 
   def _own(self, params):
-    return tuple(
-        jax.tree.map(jnp.copy, params) if device is None
-        else jax.tree.map(lambda x: _copy_to(x, device), params)
-        for device in self._devices)
+    return tuple(jax.tree.map(lambda x: _copy_to(x, device), params)
+                 for device in self._devices)
 
 
 def _copy_to(array, device):

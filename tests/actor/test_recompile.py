@@ -65,3 +65,22 @@ def test_serving_and_training_after_start_up_compile_nothing():
     assert np.isfinite(float(mets['loss/dyn']))
     assert trans['version'].tolist() == [3, 3]  # the newest params served
   assert seen == []
+
+
+def test_params_the_learner_publishes_compile_nothing():
+  """The learner publishes its params committed to its device (as
+  `DataParallel.local` hands them out), the store's first copies came from
+  `init_params`: the actor's compiled steps must fit both."""
+  obs_space, act_space = vector_spaces()
+  agent = agentlib.Agent(obs_space, act_space, small_config())
+  params = agent.init_params(0)
+  store = ParamsStore(params)  # JAX's default device
+  actor = Actor(agent, store, slots=4, buckets=[2, 4])
+  actor.compile()
+  committed = jax.device_put(agent.init_params(1), jax.devices()[0])
+  with compiles() as seen:
+    store.publish(committed, 1)
+    for size in (2, 4):
+      replies, _ = actor.handle(_requests(agent, list(range(size)), 0))
+      assert not any(isinstance(r, Exception) for r in replies), replies
+  assert seen == []
