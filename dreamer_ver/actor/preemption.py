@@ -174,10 +174,10 @@ class VER(Cutoff):
 
 
 class Shared:
-  """VER's one decider for all lanes of an actor (thread-safe): the
-  learner's device time per batch (VER's LT: each cut of any lane takes the
-  `learner_time` reported since the previous cut), the wait lag every lane
-  prices in, and the real-vs-expected report of all lanes."""
+  """VER's one decider for all lanes of an actor (thread-safe): the wait
+  lag every lane prices in, VER's real-vs-expected report of all lanes, and
+  the learner's device time per batch (VER's LT, reported: each cut of any
+  lane takes the `learner_time` reported since the previous cut)."""
 
   def __init__(self, window=16):
     self.lock = threading.Lock()
@@ -191,10 +191,6 @@ class Shared:
     """The learner spent `seconds` of the policy's device on one update."""
     with self.lock:
       self.learning += seconds
-
-  @property
-  def learner_per_batch(self):
-    return self.learner.mean
 
   @property
   def lag(self):
@@ -225,12 +221,14 @@ class Shared:
 class Preempt(Cutoff):
   """VER's preemption decider, moved from rollouts to inference batches:
   with k requests queued, cut now or after the next j predicted arrivals,
-  whichever serves the fleet fastest, each batch costing its inference
-  time plus LT, the learner's device time per batch (`Shared`, zero when
-  no learner reports). VER maximises S / (Time(S) + LT) for one rollout;
-  here every queued request's wait counts too, because a waiting env is an
-  idle env (`_best_cut`; VER's literal argmax batched too eagerly and lost
-  to VER's own inference-worker rule in bench/README.md).
+  whichever serves the fleet fastest (`_best_cut`). VER maximises S /
+  (Time(S) + LT) for one rollout; here every queued request's wait counts
+  too, because a waiting env is an idle env (VER's literal argmax batched
+  too eagerly and lost to VER's own inference-worker rule), and the
+  learner's time LT is reported (`Shared`) but not added to a batch's
+  cost: the learner runs beside the actor, not between rollouts, so its
+  share of the device is already in the measured inference times (adding
+  it again made larger, slower batches: bench/README.md).
 
   It learns, per env, the time from a reply to that env's next request (its
   step time, windowed mean), and the inference time of each padded bucket.
@@ -287,13 +285,8 @@ class Preempt(Cutoff):
     # delay, arrivals a little late); the options price that in.
     lag = self.shared.lag
     arrivals = [a + lag for a in self._predicted_arrivals(now, deadline)]
-    # Each batch costs the device its inference plus the learner's time
-    # per batch (VER's LT): with a learner beside it, fewer, larger batches.
-    learner = self.shared.learner_per_batch
-    infer = [t + learner if n else 0.0
-             for n, t in enumerate(self._infer_table())]
     best, best_wait = self._best_cut(
-        count, arrivals[:self.max_batch - count], now, infer)
+        count, arrivals[:self.max_batch - count], now, self._infer_table())
     if best == 0:
       min_wait = self.recent.mean / 2
       since = self.last_batch.since(pending, now)
@@ -318,7 +311,7 @@ class Preempt(Cutoff):
     due before a second batch could be paid for. Arrivals due later than a
     batch of the queued requests would take are never waited for: by then
     that batch would be done and the actor free again. `infer[n]` is the
-    predicted time of a batch of n, the learner's share included.
+    predicted inference time of a batch of n.
     """
     best, best_wait, best_cost = 0, 0.0, None
     waited = 0.0  # sum of the arrival times waited for so far

@@ -91,10 +91,11 @@ def test_cuts_now_when_arrivals_are_spread_out():
   assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
-def test_the_learners_time_per_batch_makes_waiting_worth_more():
-  # As above with d = 2.5 ms, not worth waiting for alone (2 d > 4 ms); but
-  # a learner that takes the device for 2 ms per batch (VER's LT) makes a
-  # second batch cost 6 ms, and 2 d < 6 ms.
+def test_the_learners_time_is_reported_per_batch_and_costs_nothing_more():
+  # As above with d = 2.5 ms, not worth waiting for (2 d > 4 ms). A learner
+  # beside the actor that takes 2 ms of the device per batch (VER's LT) is
+  # reported, but not added to a batch's cost: its share of the device is
+  # already in the measured inference times.
   policy, t = trained([0, 1], step_time=0.010, inference=0.004)
   policy.observe_reply(1, t + 0.0025)
   now = t + 0.010
@@ -104,8 +105,8 @@ def test_the_learners_time_per_batch_makes_waiting_worth_more():
     policy.learner_time(0.0015)
     policy.learner_time(0.0005)
     policy.shared.cut(1, 1, None)
-  assert policy.shared.learner_per_batch == pytest.approx(0.002)
-  assert policy.decide([Req(now, 0)], now) == pytest.approx(0.0025, abs=2e-4)
+  assert policy.stats()['preempt/learner_ms_per_batch'] == pytest.approx(2.0)
+  assert policy.decide([Req(now, 0)], now) == preemption.Cut(1, 'optimum')
 
 
 def test_lanes_share_one_decider_and_report_real_against_expected():
@@ -133,7 +134,7 @@ def test_lanes_share_one_decider_and_report_real_against_expected():
   lane1.learner_time(0.008)
   lane0.decide([Req(now, 0)] * 2, now)  # a cut takes it as one batch's
   # (the two cuts before had no learning)
-  assert lane1.shared.learner_per_batch == pytest.approx(0.008 / 3)
+  assert lane1.stats()['preempt/learner_ms_per_batch'] == pytest.approx(8 / 3)
 
 
 def test_min_batch_follows_the_live_envs_as_in_ver():
