@@ -146,6 +146,7 @@ def transport(envs, seconds, rounds):
       steps = ray.get([loop.run.remote(mode, policy, seconds)
                        for loop in loops])
       results[mode].append(sum(steps) / seconds)
+      time.sleep(1.0)  # the server sees the closed clients free their ids
       print(f'transport {mode}: {results[mode][-1]:.0f} env steps/s',
             flush=True)
   for actor in loops + [policy]:
