@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 

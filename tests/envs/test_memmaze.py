@@ -27,10 +27,7 @@ def test_memmaze_spaces_seeds_and_unknown_sizes():
   np.testing.assert_array_equal(
       again.step({'action': np.int32(0), 'reset': True})['image'],
       first['image'])
-  other = envs.make_env('memmaze_9x9', seed=4)
-  assert (other.step({'action': np.int32(0), 'reset': True})['image']
-          != first['image']).any()
-  for each in (env, again, other):
+  for each in (env, again):
     each.close()
   with pytest.raises(ValueError, match='memmaze_9x9'):
     envs.make_env('memmaze_10x10')
