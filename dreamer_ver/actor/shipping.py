@@ -36,7 +36,7 @@ class Shipper:
     self.served = 0  # train env steps shipped (eval rows excluded)
     self.stored = 0  # of those, the ones replay acknowledged
     self._unanswered = set()  # add_batch futures replay has not answered
-    self.errors = 0  # add_batch / tran calls that came back failed
+    self.errors = 0  # add_batch / transitions calls that came back failed
     self._missed = {}  # envid -> its rows the logger has not received
     self._lock = threading.Lock()  # ship() runs on every worker thread
     self._seqs = itertools.count()
@@ -81,7 +81,7 @@ class Shipper:
     with self._lock:
       missed = [self._missed.pop(e, 0) for e in envids]
     future = self._call(
-        self.logger.tran,
+        self.logger.transitions,
         {**trans, **logs, 'missed': np.array(missed, np.int64)})
 
     def done(future):
@@ -90,7 +90,7 @@ class Shipper:
           for envid, count in zip(envids, missed):
             self._missed[envid] = self._missed.get(envid, 0) + count + 1
     future.add_done_callback(done)
-    self._watch(future, 'logger.tran')
+    self._watch(future, 'logger.transitions')
 
   @staticmethod
   def _call(method, *args):

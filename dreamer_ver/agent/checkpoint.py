@@ -23,7 +23,7 @@ import shutil
 import jax
 import numpy as np
 
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 
 
 class CheckpointMismatch(ValueError):

@@ -4,8 +4,8 @@ settings a run's config implies, and where a peer is now.
 Servers bind to the host named in their `host:port` address
 (`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
 multi-host run), and accept only clients that present the run token
-(`token.py`). Clients connect to `peer(addr)`: on a Ray cluster the
-addresses are names that Ray resolves.
+(`token.py`). Clients connect to `client_address(addr)`: on a Ray cluster
+the addresses are names that Ray resolves.
 """
 
 from dreamer_ver.rpc import addresses
@@ -21,7 +21,7 @@ def connect(config, server, name, **options):
   """A futures client (`rpc/client.py`) named `name` to the run's `server`
   ('replay', 'logger', 'actor'), with the run's token and peer deadline;
   `options`: maxinflight, when_full."""
-  addr = peer(config.run[SERVERS[server]])
+  addr = client_address(config.run[SERVERS[server]])
   return Client(addr, name, **client_kwargs(config), **options)
 
 
@@ -41,7 +41,7 @@ def client_kwargs(config):
               peer_timeout=config.run.peer_timeout or None)
 
 
-def peer(addr):
+def client_address(addr):
   """The address a client of a run connects to: `addr` as it is, or for
   'ray:<name>' (or 'ray:<name>/<config key>') a lookup of where the run's
   Ray-hosted component <name> serves now, asked again at every reconnect
@@ -57,7 +57,7 @@ def resolve(addr, stop, poll=1.0):
   """`addr` as a 'host:port' string, for the callers that need one now
   (JAX's coordinator): a 'ray:' address is looked up until Ray says where
   it serves. None if `stop` is set first."""
-  where = peer(addr)
+  where = client_address(addr)
   while callable(where):
     found = where()
     if found:

@@ -27,8 +27,9 @@ Addresses. A Host that serves (`serves` names its config key, e.g.
 'run.replay_addr', or a tuple of keys) picks a free port on its node's
 address for each key and reports it with `address(key)` (by default the
 first key's); everyone else holds 'ray:<name>' (or 'ray:<name>/<key>') in
-that key, which `cluster.links.peer` turns into a `Lookup`, asked again
-at every reconnect. A server that moved to another node is found there.
+that key, which `cluster.links.client_address` turns into a `Lookup`,
+asked again at every reconnect. A server that moved to another node is
+found there.
 """
 
 import os

@@ -3,7 +3,6 @@ periodic work."""
 
 import signal
 import threading
-import time
 
 import elements
 
@@ -46,11 +45,11 @@ class StopSignal:
     return self.event.wait(timeout)
 
 
-def every(seconds):
-  """A clock (`elements.when.Clock`) that fires every `seconds`, and never
-  when `seconds` <= 0: Clock(0) would fire on every call, and the config's
-  `<= 0` means off everywhere, as in `run_periodically`."""
-  return elements.when.Clock(seconds if seconds > 0 else -1)
+def every(seconds, first=True):
+  """A clock (`elements.when.Clock`) that fires every `seconds` (at its
+  first call too if `first`), and never when `seconds` <= 0: Clock(0) would
+  fire on every call, and the config's `<= 0` means off everywhere."""
+  return elements.when.Clock(seconds if seconds > 0 else -1, first=first)
 
 
 def run_periodically(stop, tasks, poll=0.5, servers=()):
@@ -59,14 +58,14 @@ def run_periodically(stop, tasks, poll=0.5, servers=()):
   set, checking twice a second. Raises RuntimeError once one of `servers`
   (rpc Servers) stopped serving, so that the process ends non-zero and its
   supervisor restarts it, instead of living on and serving no one."""
-  last = [time.monotonic()] * len(tasks)
+  clocks = [(every(seconds, first=False), fn) for seconds, fn in tasks]
+  for clock, _ in clocks:
+    clock()  # starts counting now
   while not stop.wait(poll):
     for server in servers:
       if server.error is not None:
         raise RuntimeError(
             f'{server.name} stopped serving: {server.error!r}')
-    now = time.monotonic()
-    for i, (seconds, fn) in enumerate(tasks):
-      if seconds > 0 and now - last[i] >= seconds:
-        last[i] = now
+    for clock, fn in clocks:
+      if clock():
         fn()

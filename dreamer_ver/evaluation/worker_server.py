@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.cluster.links import server_kwargs

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from dreamer_ver.config import redacted
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 
 # The package each optional output imports (the pip extra has its name).
 PACKAGES = {'tensorboard': 'tensorboard', 'wandb': 'wandb'}

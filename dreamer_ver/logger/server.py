@@ -13,13 +13,13 @@ from dreamer_ver.rpc.server import Server
 def serve_logger(config, stop=None):
   """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
   stop = stop if stop is not None else StopSignal()
-  service = LoggerService(config)
+  service = LoggerService.of(config)
   if service.load():
     print(f'[logger] resumed at step {service.step}', flush=True)
   addr = config.run.logger_addr
   server = Server(addr, 'Logger', workers=1, **server_kwargs(config))
   server.bind('add', service.add)  # Both on the shared single worker.
-  server.bind('tran', service.tran)
+  server.bind('transitions', service.transitions)
   server.start()
   reported_activity = [service.activity]
 

@@ -2,25 +2,25 @@
 writes metrics. ``LoggerService`` holds the logic and is usable without
 sockets (``server.py`` serves it):
 
-* ``tran(trans)`` gets every transition batch the actor serves. Rows of train
-  envs advance the global env step counter (the x-axis of every curve). Rows
-  are grouped per env id into episodes; a finished train episode becomes
+* ``transitions(trans)`` gets every transition batch the actor serves. Rows of
+  train envs advance the global env step counter (the x-axis of every curve).
+  Rows are grouped per env id into episodes; a finished train episode becomes
   ``episode/score`` and ``episode/length``, a finished eval episode
   ``eval_episode/score`` and ``eval_episode/length`` (upstream mixed the two),
   and each one is a line in ``scores.jsonl`` (with the episode's mean of each
-  scalar ``log/`` key). An episode whose start was not
-  seen, or that was cut by a new ``is_first`` (``parallel/ep_abandoned``), or
-  whose env went silent for ``run.episode_timeout`` seconds, or that has a
-  hole (``parallel/ep_gap``) is never logged. The optional column ``missed``
-  says how many earlier rows of that env never arrived (the actor's link
-  drops batches rather than wait for a slow logger): their train steps are
-  still counted, and the env's open episode is dropped. A batch stamped
-  with a shipment id (``actor/shipping.py``) whose seq is at or below the
-  newest one counted from its sender is a resend (the client resends its
-  calls in flight after a reconnect) and is ignored. The newest seq per
-  sender is saved with the counters, so a resend of a batch counted before
-  the last save is ignored after a restart too; batches counted after it
-  are lost at a kill, and their resends counted, as before.
+  scalar ``log/`` key). An episode whose start was not seen, or that was cut
+  by a new ``is_first`` (``parallel/ep_abandoned``), or whose env went silent
+  for ``run.episode_timeout`` seconds, or that has a hole
+  (``parallel/ep_gap``) is never logged. The optional column ``missed`` says
+  how many earlier rows of that env never arrived (the actor's link drops
+  batches rather than wait for a slow logger): their train steps are still
+  counted, and the env's open episode is dropped. A batch stamped with a
+  shipment id (``actor/shipping.py``) whose seq is at or below the newest one
+  counted from its sender is a resend (the client resends its calls in flight
+  after a reconnect) and is ignored. The newest seq per sender is saved with
+  the counters, so a resend of a batch counted before the last save is ignored
+  after a restart too; batches counted after it are lost at a kill, and their
+  resends counted, as before.
 * ``add(metrics)`` gets scalars from the other components; each key is
   averaged until the next ``write()``. A uint8 array [T, H, W, C] (C 1 or 3)
   is a video (the learner's open-loop report): the newest per key is kept
@@ -33,22 +33,22 @@ sockets (``server.py`` serves it):
   ``scores.jsonl`` and ``metrics.jsonl`` are written whatever the outputs.
 * ``close()`` closes the outputs.
 
-Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``tran`` is a
-video of the episode (upstream recorded image keys the same way). In
-practice these are image observations: the envs the actor serves never
-render ``log/`` frames (``Env.render_frames``, which nobody turns on for
-them), so videos of rendered frames (dmc's ``log/image``) come from the
-eval worker instead (``run.eval_every``, logged as ``eval/video``). One
-episode at a time is recorded: once ``logger.video_every`` seconds have
-passed since the last video ended, the next episode that starts in an eval
-env keeps its first ``logger.video_length`` frames (eval episodes show the
-policy as it is evaluated); until an eval row has arrived, as in a run
-without eval envs, a train env's episode qualifies too. When the recorded
-episode ends, its frames become the video ``eval_episode/<key>``
-(``episode/<key>`` for a train episode). A recorded episode that is dropped
-(see above) leaves no video, and the next episode that qualifies is
-recorded instead. Frames are copied out of the batch, so the logger holds
-at most one episode's frames plus the videos of one write.
+Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``transitions``
+is a video of the episode (upstream recorded image keys the same way). In
+practice these are image observations: the envs the actor serves never render
+``log/`` frames (``Env.render_frames``, which nobody turns on for them), so
+videos of rendered frames (dmc's ``log/image``) come from the eval worker
+instead (``run.eval_every``, logged as ``eval/video``). One episode at a time
+is recorded: once ``logger.video_every`` seconds have passed since the last
+video ended, the next episode that starts in an eval env keeps its first
+``logger.video_length`` frames (eval episodes show the policy as it is
+evaluated); until an eval row has arrived, as in a run without eval envs, a
+train env's episode qualifies too. When the recorded episode ends, its frames
+become the video ``eval_episode/<key>`` (``episode/<key>`` for a train
+episode). A recorded episode that is dropped (see above) leaves no video, and
+the next episode that qualifies is recorded instead. Frames are copied out of
+the batch, so the logger holds at most one episode's frames plus the videos of
+one write.
 
 Lengths exclude the reset step (the first row of an episode holds the reset
 observation, not a step taken by the policy); scores include its reward (as
@@ -59,6 +59,7 @@ This module imports neither JAX nor the agent.
 
 import collections
 import collections.abc
+import dataclasses
 import json
 import math
 import re
@@ -68,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 from dreamer_ver.logger.outputs import make_outputs, write_gif
 from dreamer_ver.transitions import (
     LOGGER_KEYS, check_rows, is_log, shipment_of)
@@ -88,22 +89,44 @@ class _Episode:
     self.frames = None  # image key -> its frames, while recorded
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What the logger service uses of a run config (`Options.of(config)`)."""
+
+  filter: str  # logger.filter: the metric keys printed ('' = all)
+  fps: int  # logger.fps: frames per second of the videos
+  video_every: float  # logger.video_every: seconds between episode videos
+  video_length: int  # logger.video_length: frames per video at most
+  episode_timeout: float  # run.episode_timeout: an env silent this long
+  steps: float  # run.steps: the run's target, for the progress line
+
+  @classmethod
+  def of(cls, config):
+    logger = config.logger
+    return cls(
+        filter=str(logger.filter), fps=int(logger.fps),
+        video_every=float(logger.video_every),
+        video_length=int(logger.video_length),
+        episode_timeout=float(config.run.episode_timeout),
+        steps=float(config.run.steps))
+
+
 class LoggerService:
   """Env step counter, episode aggregation and metric files of one run."""
 
-  def __init__(self, config, logdir=None, clock=time.monotonic, out=print):
-    self.config = config
-    self.logdir = Path(logdir if logdir is not None else config.logdir)
+  def __init__(self, options, logdir, outputs, clock=time.monotonic,
+               out=print):
+    """`outputs`: what metrics are written to (`outputs.make_outputs`)."""
+    self.logdir = Path(logdir)
     self.logdir.mkdir(parents=True, exist_ok=True)
     self.ckpt = self.logdir / 'ckpt' / 'logger.json'
     self.scores_path = self.logdir / 'scores.jsonl'
-    self.filter = re.compile(config.logger.filter) if (
-        config.logger.filter) else None
-    self.fps = config.logger.fps
-    self.video_every = float(config.logger.video_every)
-    self.video_length = config.logger.video_length
-    self.timeout = float(config.run.episode_timeout)
-    self.target = float(config.run.steps)
+    self.filter = re.compile(options.filter) if options.filter else None
+    self.fps = options.fps
+    self.video_every = options.video_every
+    self.video_length = options.video_length
+    self.timeout = options.episode_timeout
+    self.target = options.steps
     self.clock = clock
     self.out = out
 
@@ -121,7 +144,15 @@ class LoggerService:
     self._seen_eval = False  # an eval row arrived: record eval episodes only
     self.activity = 0
     self._last_write = (self._step, clock())
-    self.outputs = make_outputs(config, self.logdir)  # Last: it may raise.
+    self.outputs = outputs
+
+  @classmethod
+  def of(cls, config, **kwargs):
+    """The service of a run config: its options and outputs, in its
+    logdir (made first: the outputs write there)."""
+    Path(config.logdir).mkdir(parents=True, exist_ok=True)
+    return cls(Options.of(config), config.logdir,
+               make_outputs(config, Path(config.logdir)), **kwargs)
 
   @property
   def step(self):
@@ -135,11 +166,11 @@ class LoggerService:
 
   # --------------------------------------------------------- transitions
 
-  def tran(self, trans):
+  def transitions(self, trans):
     """Counts env steps and aggregates episodes from a transition batch
     (unless it is a resend of one already counted)."""
     columns, logs, images = self._check(trans)
-    shipment = shipment_of(trans, 'tran')
+    shipment = shipment_of(trans, 'transitions')
     envids, is_eval = columns['envid'], columns['is_eval']
     is_first, is_last = columns['is_first'], columns['is_last']
     rewards = columns['reward']
@@ -238,13 +269,14 @@ class LoggerService:
   def _check(self, trans):
     """(required columns, scalar log/ columns, image columns), or
     ValueError; no side effects."""
-    trans = check_rows(trans, 'tran', required=LOGGER_KEYS)
+    trans = check_rows(trans, 'transitions', required=LOGGER_KEYS)
     columns = {key: trans[key] for key in LOGGER_KEYS}
     if 'missed' in trans:
       missed = trans['missed']
       if missed.ndim != 1 or not np.issubdtype(missed.dtype, np.integer) or (
           missed < 0).any():
-        raise ValueError("tran: 'missed' must be non-negative integers [N].")
+        raise ValueError(
+            "transitions: 'missed' must be non-negative integers [N].")
       columns['missed'] = missed
     # Numeric scalars per row of log/ keys are aggregated, and frames of any
     # key can be recorded; other values are ignored.
@@ -304,7 +336,7 @@ class LoggerService:
       self._last_write = (step, now)
       latest = dict(self._latest)
       episodes = self._episodes_done['train']
-    # Outside the lock: encoding a GIF must not hold up tran and add.
+    # Outside the lock: encoding a GIF must not hold up transitions and add.
     for name, frames in videos.items():
       gif = self.logdir / 'videos' / f"{name.replace('/', '_')}_{step}.gif"
       write_gif(gif, frames, self.fps)

@@ -1,12 +1,15 @@
-"""The replays and the limiter of a run, built from its config, so every
-script stores, samples and rate-limits alike.
+"""The replays and the limiter of a run, built from its `Options` (the
+part of the run config they use), so every script stores, samples and
+rate-limits alike.
 
-  train_replay(config, logdir)  sequences of batch_length + replay_context
-                                steps, selectors from `replay.fracs`
-  eval_replay(config, logdir)   report_length + replay_context, uniform
-  make_limiter(config)          `run.train_ratio` as samples per insert
+  Options.of(config)             the replay keys of a run config, typed
+  train_replay(options, logdir)  sequences of batch_length + context steps,
+                                 selectors from `replay.fracs`
+  eval_replay(options, logdir)   report_length + context, uniform
+  make_limiter(options)          `run.train_ratio` as samples per insert
 """
 
+import dataclasses
 from pathlib import Path
 
 from .limiter import SamplesPerInsert, Unlimited
@@ -14,40 +17,72 @@ from .replay import Replay
 from .selectors import Mixture, Prioritized, Recency, Uniform
 
 
-def train_replay(config, logdir):
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What the replays, the limiter and the replay service use of a run
+  config: the batch shape, the `replay.*` block and `run.train_ratio`."""
+
+  batch_size: int
+  batch_length: int
+  report_length: int
+  context: int  # replay_context: steps before each sequence, not trained on
+  size: int
+  chunksize: int
+  online: bool
+  fracs: tuple  # ((selector name, fraction), ...), fractions > 0
+  prio: tuple  # (exponent, initial, zero_on_sample, maxfrac)
+  recexp: float
+  wal: str
+  train_ratio: float
+  seed: int
+
+  @classmethod
+  def of(cls, config):
+    replay, prio = config.replay, config.replay.prio
+    return cls(
+        batch_size=int(config.batch_size),
+        batch_length=int(config.batch_length),
+        report_length=int(config.report_length),
+        context=int(config.replay_context), size=int(replay.size),
+        chunksize=int(replay.chunksize), online=bool(replay.online),
+        fracs=tuple((name, float(value)) for name, value in sorted(
+            dict(replay.fracs).items()) if float(value) > 0),
+        prio=(float(prio.exponent), float(prio.initial),
+              bool(prio.zero_on_sample), float(prio.maxfrac)),
+        recexp=float(replay.recexp), wal=str(replay.wal),
+        train_ratio=float(config.run.train_ratio), seed=int(config.seed))
+
+
+def train_replay(options, logdir):
   return Replay(
-      config.batch_length + config.replay_context, int(config.replay.size),
-      Path(logdir) / 'replay', chunksize=int(config.replay.chunksize),
-      online=bool(config.replay.online),
-      selector=make_selector(config, config.seed), seed=config.seed)
+      options.batch_length + options.context, options.size,
+      Path(logdir) / 'replay', chunksize=options.chunksize,
+      online=options.online, selector=make_selector(options, options.seed),
+      seed=options.seed)
 
 
-def eval_replay(config, logdir):
+def eval_replay(options, logdir):
   """Eval data only feeds eval reports: a tenth of the train capacity (as
   upstream), but never less than one batch of sequences."""
-  length = config.report_length + config.replay_context
-  size = max(int(config.replay.size) // 10, config.batch_size * length)
+  length = options.report_length + options.context
+  size = max(options.size // 10, options.batch_size * length)
   return Replay(
       length, size, Path(logdir) / 'replay_eval',
-      chunksize=int(config.replay.chunksize), online=False,
-      selector=Uniform(config.seed + 1), seed=config.seed + 1)
+      chunksize=options.chunksize, online=False,
+      selector=Uniform(options.seed + 1), seed=options.seed + 1)
 
 
-def make_selector(config, seed=0):
+def make_selector(options, seed=0):
   """The train selector from `replay.fracs`; a Mixture only when needed."""
-  fracs = {name: float(value) for name, value in dict(
-      config.replay.fracs).items() if float(value) > 0}
-  prio = config.replay.prio
+  fracs = dict(options.fracs)
 
   def build(name, seed):
     if name == 'uniform':
       return Uniform(seed)
     if name == 'priority':
-      return Prioritized(
-          prio.exponent, prio.initial, prio.zero_on_sample, prio.maxfrac,
-          seed)
+      return Prioritized(*options.prio, seed)
     if name == 'recency':
-      return Recency(config.replay.recexp, seed)
+      return Recency(options.recexp, seed)
     raise ValueError(f'Unknown replay selector {name!r} in replay.fracs.')
 
   if not fracs:
@@ -60,12 +95,12 @@ def make_selector(config, seed=0):
   return Mixture(selectors, fracs, seed)
 
 
-def make_limiter(config):
+def make_limiter(options):
   """train_ratio counts replayed steps per env step; the limiter counts
   sequences per inserted step, hence the division by batch_length."""
-  if config.run.train_ratio <= 0:
+  if options.train_ratio <= 0:
     return Unlimited()
   return SamplesPerInsert(
-      config.run.train_ratio / config.batch_length,
-      tolerance=4 * config.batch_size,
-      minsize=config.batch_size * config.batch_length)
+      options.train_ratio / options.batch_length,
+      tolerance=4 * options.batch_size,
+      minsize=options.batch_size * options.batch_length)

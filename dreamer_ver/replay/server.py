@@ -13,7 +13,7 @@ from dreamer_ver.rpc.server import Server
 def serve_replay(config, stop=None):
   """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), save, exit 0."""
   stop = stop if stop is not None else StopSignal()
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   loaded = service.load()
   print(
       f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '

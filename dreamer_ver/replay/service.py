@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 from dreamer_ver.replay import batch_log, build
 from dreamer_ver.replay.replay import mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
@@ -60,23 +60,24 @@ class Closing(RuntimeError):
 class ReplayService:
   """Train and eval replays plus the limiter, with the server's methods."""
 
-  def __init__(self, config, logdir=None, poll=0.05):
-    logdir = Path(logdir if logdir is not None else config.logdir)
+  def __init__(self, options, logdir, poll=0.05):
+    """`options`: `build.Options` (`ReplayService.of(config)` builds them
+    from a run config)."""
+    logdir = Path(logdir)
     self.logdir = logdir
-    self.batch_size = int(config.batch_size)
-    self.batch_length = int(config.batch_length)
-    context = int(config.replay_context)
-    self.train_length = self.batch_length + context
-    self.report_length = int(config.report_length) + context
+    self.batch_size = options.batch_size
+    self.batch_length = options.batch_length
+    self.train_length = self.batch_length + options.context
+    self.report_length = options.report_length + options.context
     if self.report_length > self.train_length:
       raise ValueError(
           f'report_length + replay_context ({self.report_length}) must not '
           f'exceed batch_length + replay_context ({self.train_length}).')
-    self.train = build.train_replay(config, logdir)
-    self.eval = build.eval_replay(config, logdir)
-    self.limiter = build.make_limiter(config)
+    self.train = build.train_replay(options, logdir)
+    self.eval = build.eval_replay(options, logdir)
+    self.limiter = build.make_limiter(options)
     self.ckpt = logdir / 'ckpt' / 'replay.json'
-    self.wal = WriteAheadLog(logdir / 'replay_wal', config.replay.wal)
+    self.wal = WriteAheadLog(logdir / 'replay_wal', options.wal)
     # Storing a row, counting it and noting it for the log happen under this
     # lock, as do log appends and a save's cut: the cut falls between rows.
     self._log_lock = threading.Lock()
@@ -92,6 +93,11 @@ class ReplayService:
     self._last_counts = _counts(self.train.stats())
     self._last_eval_counts = _counts(self.eval.stats())
     self.activity = 0  # RPCs so far; the server saves only after new ones.
+
+  @classmethod
+  def of(cls, config, **kwargs):
+    """The service of a run config: its replay options, in its logdir."""
+    return cls(build.Options.of(config), config.logdir, **kwargs)
 
   # -------------------------------------------------------------- writing
 

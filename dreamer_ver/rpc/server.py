@@ -10,7 +10,7 @@ worker threads blocked on their queues.
 Each bound method runs on a pool: its own of `workers` threads, or the
 server's shared pool. A pool starts calls in arrival order, so a one-thread
 pool serves its methods one call at a time, in order (the replay's
-`add_batch` sees each env's steps in order; the logger's `add` and `tran`
+`add_batch` sees each env's steps in order; the logger's `add` and `transitions`
 never overlap). A heartbeat (`addresses.PING`) is answered by the receive
 thread itself, so a client can tell a busy server from a stopped one.
 """

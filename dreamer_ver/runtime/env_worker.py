@@ -14,7 +14,7 @@ worker reconnects by itself and starts fresh episodes (the actor sees
 import numpy as np
 from portal.client_socket import Disconnected
 
-from dreamer_ver.cluster.links import peer
+from dreamer_ver.cluster.links import client_address
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.rpc import shm_protocol
@@ -86,15 +86,16 @@ def actor_client(config, act_space):
     reply = {k: (s.shape, s.dtype) for k, s in act_space.items()}
     reply['reset'] = ((), bool)
     return ShmClient(config.run.actor_addr, reply, handshake=handshake)
-  return BlockingClient(peer(config.run.actor_addr), handshake=handshake)
+  return BlockingClient(client_address(config.run.actor_addr),
+                        handshake=handshake)
 
 
 def uses_shm(run):
   if run.actor_transport != 'auto':
     return run.actor_transport == 'shm'
   addr = str(run.actor_addr)
-  return (shm_protocol.available() and not callable(peer(addr)) and
-          split_addr(addr)[0] in ('localhost', '127.0.0.1', '::1'))
+  return (shm_protocol.available() and not callable(client_address(addr))
+          and split_addr(addr)[0] in ('localhost', '127.0.0.1', '::1'))
 
 
 def fleets(run, offset=0):

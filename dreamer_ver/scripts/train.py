@@ -28,7 +28,7 @@ from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.evaluation.worker import PeriodicEvaluation
-from dreamer_ver.files import write_json
+from dreamer_ver.atomic import write_json
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.logger.summary import summary
 from dreamer_ver.replay import build
@@ -57,13 +57,14 @@ def _train(config, stop):
       agent, config.logdir, config.seed, config.run.from_checkpoint,
       config.run.keep_checkpoints)
   state = jax.device_put(state, device)
-  replay = build.train_replay(config, logdir)
+  options = build.Options.of(config)
+  replay = build.train_replay(options, logdir)
   replay.load()
-  limiter = build.make_limiter(config)
+  limiter = build.make_limiter(options)
   limiter_path = logdir / 'ckpt' / 'replay.json'
   if limiter_path.exists():
     limiter.load(json.loads(limiter_path.read_text())['limiter'])
-  logger = LoggerService(config)
+  logger = LoggerService.of(config)
   logger.load()
 
   carry = agent.init_carry(len(envs))
@@ -113,7 +114,7 @@ def _train(config, stop):
         replay.add({k: v[i] for k, v in {**obs, **act, **outs}.items()},
                    worker=i)
       limiter.insert(len(envs))
-      logger.tran({**obs, **logs, 'envid': envids,
+      logger.transitions({**obs, **logs, 'envid': envids,
                    'is_eval': np.zeros(len(envs), bool)})
       counters['steps'] += len(envs)
       fps_policy.step(len(envs))

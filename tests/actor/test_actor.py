@@ -190,7 +190,7 @@ class FlakyLogger:
     self.drop = set(drop)
     self.calls = []
 
-  def tran(self, trans):
+  def transitions(self, trans):
     future = concurrent.futures.Future()
     if len(self.calls) in self.drop:
       future.set_exception(RuntimeError('dropped: the logger lags'))

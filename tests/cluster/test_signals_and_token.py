@@ -28,7 +28,8 @@ def test_run_periodically_calls_each_task_at_its_interval_until_stopped():
   assert 2 <= len(calls['slow']) <= 3  # At 0.3, 0.6, 0.9 s (late at worst).
   assert len(calls['fast']) >= 8
   gaps = [b - a for a, b in zip(calls['slow'], calls['slow'][1:])]
-  assert all(gap >= 0.3 for gap in gaps), gaps
+  # (the clocks count wall time, this test monotonic time: 1 ms of slack)
+  assert all(gap >= 0.299 for gap in gaps), gaps
 
 
 def test_a_stop_signal_is_set_by_sigterm_and_restores_the_handlers_it_replaced():

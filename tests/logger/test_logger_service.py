@@ -29,7 +29,7 @@ def make_service(tmp_path, clock=None, **overrides):
             'run.steps': 1000}
   values.update(overrides)
   lines = []
-  service = LoggerService(
+  service = LoggerService.of(
       compose(['debug'], values), clock=clock or Clock(),
       out=lambda text, **_: lines.append(text))
   service.lines = lines
@@ -79,10 +79,10 @@ def test_interleaved_env_episodes_are_scored_separately_in_end_order(tmp_path):
   service = make_service(tmp_path)
   # Env 0: rewards 0 (reset), 1, 2, 3 -> score 6, length 3.
   # Env 1: rewards 0 (reset), 5, 5 -> score 10, length 2; ends first.
-  service.tran(rows((0, 0.0, True, False), (1, 0.0, True, False)))
-  service.tran(rows((1, 5.0, False, False), (0, 1.0, False, False)))
-  service.tran(rows((0, 2.0, False, False)))
-  service.tran(rows((1, 5.0, False, True), (0, 3.0, False, True)))
+  service.transitions(rows((0, 0.0, True, False), (1, 0.0, True, False)))
+  service.transitions(rows((1, 5.0, False, False), (0, 1.0, False, False)))
+  service.transitions(rows((0, 2.0, False, False)))
+  service.transitions(rows((1, 5.0, False, True), (0, 3.0, False, True)))
   assert service.step == 7 and service.episodes == 2
   lines = scores(tmp_path)
   assert [(s['env'], s['score'], s['length'], s['eval'], s['step'])
@@ -98,9 +98,10 @@ def test_interleaved_env_episodes_are_scored_separately_in_end_order(tmp_path):
 
 def test_eval_episodes_are_logged_separately(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows((5, 0.0, True, False, True), (0, 0.0, True, False)))
-  service.tran(rows((5, 2.5, False, False, True), (0, 1.0, False, False)))
-  service.tran(rows((5, 2.5, False, True, True)))
+  service.transitions(rows((5, 0.0, True, False, True), (0, 0.0, True, False)))
+  service.transitions(
+      rows((5, 2.5, False, False, True), (0, 1.0, False, False)))
+  service.transitions(rows((5, 2.5, False, True, True)))
   assert service.step == 2  # Eval rows are not env steps.
   record = service.write()
   assert record['eval_episode/score'] == 5.0
@@ -114,33 +115,33 @@ def test_eval_episodes_are_logged_separately(tmp_path):
 
 def test_rows_the_actor_could_not_send_count_as_steps_and_holes(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows((0, 0.0, True, False), (1, 0.0, True, False),
+  service.transitions(rows((0, 0.0, True, False), (1, 0.0, True, False),
                     (5, 0.0, True, False, True)))
   # The actor's link dropped a batch with a step of env 0 and of eval env 5:
   # the next rows say so. Env 0's steps still count; its episode and eval
   # env 5's have a hole and are not logged. Env 1 is untouched.
-  service.tran(rows((0, 1.0, False, False, False, {'missed': 1}),
+  service.transitions(rows((0, 1.0, False, False, False, {'missed': 1}),
                     (1, 1.0, False, False, False, {'missed': 0}),
                     (5, 1.0, False, False, True, {'missed': 1})))
   assert service.step == 2 + 2 + 1
-  service.tran(rows((0, 1.0, False, True), (1, 1.0, False, True),
+  service.transitions(rows((0, 1.0, False, True), (1, 1.0, False, True),
                     (5, 1.0, False, True, True)))
   assert [(s['env'], s['score']) for s in scores(tmp_path)] == [(1, 2.0)]
   assert service.write()['parallel/ep_gap'] == 2
   # After the hole, the env's next episode is logged as usual.
-  service.tran(rows((0, 0.0, True, False)))
-  service.tran(rows((0, 4.0, False, True)))
+  service.transitions(rows((0, 0.0, True, False)))
+  service.transitions(rows((0, 4.0, False, True)))
   assert scores(tmp_path)[-1]['env'] == 0 and scores(tmp_path)[-1]['score'] == 4.0
   with pytest.raises(ValueError, match="'missed' must be non-negative"):
-    service.tran(rows((0, 0.0, True, False, False, {'missed': -1})))
+    service.transitions(rows((0, 0.0, True, False, False, {'missed': -1})))
 
 
 def test_abandoned_half_episode_is_counted_not_logged(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows((0, 0.0, True, False), (0, 7.0, False, False)))
+  service.transitions(rows((0, 0.0, True, False), (0, 7.0, False, False)))
   # The env restarted without an is_last: the half episode is dropped.
-  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, False)))
-  service.tran(rows((0, 1.0, False, True)))
+  service.transitions(rows((0, 0.0, True, False), (0, 1.0, False, False)))
+  service.transitions(rows((0, 1.0, False, True)))
   assert [(s['score'], s['length']) for s in scores(tmp_path)] == [(2.0, 2)]
   record = service.write()
   assert record['parallel/ep_abandoned'] == 1
@@ -153,13 +154,13 @@ def test_episode_without_a_seen_start_is_not_logged(tmp_path):
   service = make_service(tmp_path, clock)
   # Mid-episode rows (the logger restarted): ignored for episodes, counted
   # as steps.
-  service.tran(rows((3, 4.0, False, False), (3, 4.0, False, True)))
+  service.transitions(rows((3, 4.0, False, False), (3, 4.0, False, True)))
   # Env 4 goes silent longer than the timeout: its episode is dropped.
-  service.tran(rows((4, 0.0, True, False), (4, 1.0, False, False)))
+  service.transitions(rows((4, 0.0, True, False), (4, 1.0, False, False)))
   clock.now += 11
-  service.tran(rows((0, 0.0, True, False)))
+  service.transitions(rows((0, 0.0, True, False)))
   clock.now += 1
-  service.tran(rows((4, 1.0, False, True)))
+  service.transitions(rows((4, 1.0, False, True)))
   assert scores(tmp_path) == []
   assert service.step == 6
   record = service.write()
@@ -169,12 +170,12 @@ def test_episode_without_a_seen_start_is_not_logged(tmp_path):
 
 def test_log_keys_averaged_per_episode(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows(
+  service.transitions(rows(
       (0, 0.0, True, False, False, {'log/speed': 1.0, 'log/img': [1, 2]}),
       (0, 0.0, False, False, False, {'log/speed': 2.0, 'log/img': [1, 2]})))
-  service.tran(rows(
+  service.transitions(rows(
       (0, 0.0, False, True, False, {'log/speed': 6.0, 'log/img': [1, 2]})))
-  service.tran(rows(
+  service.transitions(rows(
       (1, 0.0, True, False, False, {'log/speed': 5.0, 'log/img': [1, 2]}),
       (1, 0.0, False, True, False, {'log/speed': 5.0, 'log/img': [1, 2]})))
   record = service.write()
@@ -192,7 +193,7 @@ def test_metrics_averaged_until_write(tmp_path):
   assert record == {'step': 0, 'train/loss': 3.0, 'fps/train': 50.0,
                     'replay/items': 7.0}
   assert service.write() is None
-  service.tran(rows((0, 0.0, True, False)))
+  service.transitions(rows((0, 0.0, True, False)))
   service.add({'fps/train': 50.0})
   assert service.write() == {'step': 1, 'parallel/ep_starts': 1,
                              'fps/train': 50.0}
@@ -224,11 +225,11 @@ def test_an_eval_episode_comes_back_frame_for_frame(tmp_path):
   service = make_service(tmp_path)
   image = lambda t: {'log/image': frame(t)}
   # The eval env (5) is recorded, not the train env (0) beside it.
-  service.tran(rows((0, 0.0, True, False, False, image(100)),
+  service.transitions(rows((0, 0.0, True, False, False, image(100)),
                     (5, 0.0, True, False, True, image(0))))
-  service.tran(rows((5, 1.0, False, False, True, image(1)),
+  service.transitions(rows((5, 1.0, False, False, True, image(1)),
                     (0, 1.0, False, False, False, image(101))))
-  service.tran(rows((5, 1.0, False, True, True, image(2)),
+  service.transitions(rows((5, 1.0, False, True, True, image(2)),
                     (0, 1.0, False, True, False, image(102))))
   assert service.write()['eval_episode/score'] == 2.0
   assert videos(tmp_path) == ['eval_episode_log_image_3.gif']
@@ -244,11 +245,11 @@ def test_one_episode_at_a_time_at_most_every_video_every(tmp_path):
   image = lambda t: {'image': frame(t)}  # An image observation counts too.
   # No eval row has arrived: a train episode is recorded; the second env's
   # episode, which starts while it runs, is not.
-  service.tran(rows((0, 0.0, True, False, False, image(0)),
+  service.transitions(rows((0, 0.0, True, False, False, image(0)),
                     (1, 0.0, True, False, False, image(50))))
-  service.tran(rows((0, 0.0, False, False, False, image(1)),
+  service.transitions(rows((0, 0.0, False, False, False, image(1)),
                     (1, 0.0, False, True, False, image(51))))
-  service.tran(rows((0, 0.0, False, True, False, image(2))))
+  service.transitions(rows((0, 0.0, False, True, False, image(2))))
   service.write()
   assert videos(tmp_path) == ['episode_image_5.gif']
   # Only the first video_length frames are kept.
@@ -257,15 +258,15 @@ def test_one_episode_at_a_time_at_most_every_video_every(tmp_path):
       np.stack([frame(0), frame(1)]))
   # From now on only eval episodes, and not before 60 s have passed.
   clock.now += 59
-  service.tran(rows((5, 0.0, True, False, True, image(10)),
+  service.transitions(rows((5, 0.0, True, False, True, image(10)),
                     (5, 0.0, False, True, True, image(11))))
   clock.now += 1
-  service.tran(rows((0, 0.0, True, False, False, image(20)),
+  service.transitions(rows((0, 0.0, True, False, False, image(20)),
                     (0, 0.0, False, True, False, image(21))))
-  service.tran(rows((5, 0.0, True, False, True, image(30))))
+  service.transitions(rows((5, 0.0, True, False, True, image(30))))
   # That recording is cut by a new is_first: no video, and the episode
   # that starts next is recorded at once.
-  service.tran(rows((5, 0.0, True, False, True, image(40)),
+  service.transitions(rows((5, 0.0, True, False, True, image(40)),
                     (5, 0.0, False, True, True, image(41))))
   service.write()
   assert videos(tmp_path) == ['episode_image_5.gif',
@@ -277,7 +278,7 @@ def test_one_episode_at_a_time_at_most_every_video_every(tmp_path):
 
 def test_no_episode_videos_when_video_every_is_not_positive(tmp_path):
   service = make_service(tmp_path, **{'logger.video_every': 0.0})
-  service.tran(rows((0, 0.0, True, False, False, {'image': frame(0)}),
+  service.transitions(rows((0, 0.0, True, False, False, {'image': frame(0)}),
                     (0, 0.0, False, True, False, {'image': frame(1)})))
   service.write()
   assert videos(tmp_path) == []
@@ -308,7 +309,7 @@ def test_add_takes_videos_and_writes_them_as_gifs(tmp_path):
 def test_metrics_and_scores_files_are_always_written(tmp_path):
   # jsonl is implied: the files come without it being named.
   service = make_service(tmp_path, **{'logger.outputs': ['tensorboard']})
-  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, True)))
+  service.transitions(rows((0, 0.0, True, False), (0, 1.0, False, True)))
   assert service.write()['episode/score'] == 1.0
   service.close()
   assert metrics(tmp_path)[0]['episode/score'] == 1.0
@@ -318,7 +319,7 @@ def test_metrics_and_scores_files_are_always_written(tmp_path):
 def test_progress_line_has_rate_and_eta(tmp_path):
   clock = Clock()
   service = make_service(tmp_path, clock, **{'run.steps': 1000})
-  service.tran(rows(*[(i, 0.0, True, False) for i in range(10)]))
+  service.transitions(rows(*[(i, 0.0, True, False) for i in range(10)]))
   clock.now += 2.0
   service.write()
   first = service.lines[-1].splitlines()[0]
@@ -334,7 +335,7 @@ def test_no_progress_line_before_the_first_env_step(tmp_path):
   service.add({'replay/items': 0})
   assert service.write() == {'step': 0, 'replay/items': 0}
   assert service.lines == []
-  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, False)))
+  service.transitions(rows((0, 0.0, True, False), (0, 1.0, False, False)))
   service.write()
   assert len(service.lines) == 1 and 'step 2 ' in service.lines[0]
   service.close()
@@ -358,23 +359,23 @@ def test_a_run_ends_with_its_summary(tmp_path):
 
 def test_malformed_tran_raises_and_changes_nothing(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows((0, 0.0, True, False)))
+  service.transitions(rows((0, 0.0, True, False)))
   bad = rows((0, 1.0, False, False), (1, 0.0, True, False))
   bad['reward'] = bad['reward'][:1]
   with pytest.raises(ValueError, match=r"'reward': expected leading dim N=2"):
-    service.tran(bad)
+    service.transitions(bad)
   bad = rows((0, 1.0, False, True))
   del bad['is_last']
   with pytest.raises(ValueError, match=r"missing keys \['is_last'\]"):
-    service.tran(bad)
+    service.transitions(bad)
   assert service.step == 1
-  service.tran(rows((0, 1.0, False, True)))
+  service.transitions(rows((0, 1.0, False, True)))
   assert [s['score'] for s in scores(tmp_path)] == [1.0]
 
 
 def test_step_counter_resumes_after_save_and_load(tmp_path):
   service = make_service(tmp_path)
-  service.tran(rows((0, 0.0, True, False), (0, 1.0, False, True),
+  service.transitions(rows((0, 0.0, True, False), (0, 1.0, False, True),
                     (1, 0.0, True, False, True), (1, 0.0, False, True, True)))
   service.save()
   assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text()) == {
@@ -382,7 +383,7 @@ def test_step_counter_resumes_after_save_and_load(tmp_path):
   restored = make_service(tmp_path)
   assert restored.load()
   assert restored.step == 2 and restored.episodes == 1
-  restored.tran(rows((0, 0.0, True, False)))
+  restored.transitions(rows((0, 0.0, True, False)))
   assert restored.write()['step'] == 3
   assert not make_service(tmp_path / 'fresh').load()
 
@@ -399,14 +400,14 @@ def test_a_resent_shipment_is_counted_once(tmp_path):
   first = shipped(rows((0, 0.0, True, False), (1, 0.0, True, False)), 0)
   second = shipped(rows((0, 2.0, False, True), (1, 1.0, False, False)), 1)
   for batch in (first, second, first, second):
-    assert service.tran(batch) == {}
+    assert service.transitions(batch) == {}
   assert service.step == 4
   assert [(s['env'], s['score']) for s in scores(tmp_path)] == [(0, 2.0)]
   # Another sender numbers its shipments from 0 too.
-  service.tran(shipped(rows((1, 3.0, False, True)), 0, sender=8))
+  service.transitions(shipped(rows((1, 3.0, False, True)), 0, sender=8))
   assert service.step == 5 and service.episodes == 2
   with pytest.raises(ValueError, match="'shipment' must be an int array"):
-    service.tran({**rows((2, 0.0, True, False)),
+    service.transitions({**rows((2, 0.0, True, False)),
                   SHIPMENT: np.zeros(3, np.int64)})
   assert service.step == 5
 
@@ -415,10 +416,10 @@ def test_a_resent_shipment_is_counted_once(tmp_path):
       'shipments'] == {'7': 1, '8': 0}
   restored = make_service(tmp_path)
   assert restored.load()
-  assert restored.tran(second) == {}  # Counted before the save.
+  assert restored.transitions(second) == {}  # Counted before the save.
   assert restored.step == 5
-  restored.tran(shipped(rows((0, 0.0, True, False), (0, 4.0, False, True)),
-                        2))
+  restored.transitions(shipped(
+      rows((0, 0.0, True, False), (0, 4.0, False, True)), 2))
   assert restored.step == 7 and restored.episodes == 3
   assert [(s['env'], s['score']) for s in scores(tmp_path)] == [
       (0, 2.0), (1, 4.0), (0, 4.0)]
@@ -438,12 +439,12 @@ def test_server_round_trip_and_stop(tmp_path):
   client = portal.Client(f'127.0.0.1:{port}', 'TestLogger')
   try:
     assert client.connect(timeout=15)
-    assert client.tran(rows((0, 0.0, True, False), (0, 2.0, False, True))
+    assert client.transitions(rows((0, 0.0, True, False), (0, 2.0, False, True))
                        ).result(10) == {}
     assert client.add({'fps/train': 3.0}).result(10) == {}
     with pytest.raises(RuntimeError, match='missing keys'):
-      client.tran({'envid': np.zeros(1, np.int64)}).result(10)
-    assert client.tran(rows((1, 0.0, True, False))).result(10) == {}
+      client.transitions({'envid': np.zeros(1, np.int64)}).result(10)
+    assert client.transitions(rows((1, 0.0, True, False))).result(10) == {}
   finally:
     client.close(timeout=2)
     stop.set()

@@ -23,7 +23,7 @@ from helpers.wandb_log import wandb_history, wandb_run
 
 def make_service(logdir, **overrides):
   config = compose(['debug'], {'logdir': str(logdir), **overrides})
-  return LoggerService(config, out=lambda text, **_: None)
+  return LoggerService.of(config, out=lambda text, **_: None)
 
 
 def rows(envids, first=False, last=False):
@@ -62,11 +62,11 @@ def test_every_output_reads_back_by_value(tmp_path, monkeypatch):
                'run.token': 'sekrit-run-token'}
   service = make_service(logdir, **overrides)
   video = known_video()
-  service.tran(rows([0, 1], first=True))
+  service.transitions(rows([0, 1], first=True))
   service.add({'train/loss': 1.5})
   assert service.write() == {'step': 2, 'train/loss': 1.5,
                              'parallel/ep_starts': 2}
-  service.tran(rows([0], last=True))
+  service.transitions(rows([0], last=True))
   service.add({'train/loss': 3.0, 'report/openloop/image': video})
   service.write()
   service.save()
@@ -121,7 +121,7 @@ def test_every_output_reads_back_by_value(tmp_path, monkeypatch):
   service = make_service(logdir, **overrides)
   service.load()
   service.add({'train/loss': 4.0})
-  service.tran(rows([1]))
+  service.transitions(rows([1]))
   service.write()
   service.close()
   paths = sorted((logdir / 'wandb').glob(f'offline-run-*/run-{run_id}.wandb'))

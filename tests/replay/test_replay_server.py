@@ -74,7 +74,7 @@ def check_sequences(batch, length, envids=None):
 
 @pytest.fixture
 def service(tmp_path):
-  service = ReplayService(make_config(tmp_path))
+  service = ReplayService.of(make_config(tmp_path))
   yield service
   service.close()
 
@@ -125,7 +125,7 @@ def test_limiter_blocks_sampling_before_minsize(tmp_path):
   # s = 4 / T = 1 sequence per insert, tolerance 4 * B = 8, minsize B * T = 8.
   # The limiter counts sequences: 11 steps of one env make 11 - (T + C - 1)
   # = 7 of them.
-  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  service = ReplayService.of(make_config(tmp_path, **{"run.train_ratio": 4.0}))
   try:
     fill(service, 11, envids=(0,))
     with pytest.raises(TimeoutError, match='too few steps'):
@@ -144,7 +144,7 @@ def test_a_batch_share_counts_the_whole_batch_once(tmp_path):
   """A multi-host learner's processes sample shares of one batch: the
   first through the limiter, which takes one batch's credit (B sequences)
   whatever its share, the others without touching the limiter."""
-  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  service = ReplayService.of(make_config(tmp_path, **{"run.train_ratio": 4.0}))
   try:
     fill(service, 7)  # 12 rows that complete a sequence: past minsize 8.
     before = service.limiter.avail
@@ -166,7 +166,7 @@ def test_a_batch_share_counts_the_whole_batch_once(tmp_path):
 
 
 def test_limiter_blocks_inserts_when_learner_is_behind(tmp_path):
-  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  service = ReplayService.of(make_config(tmp_path, **{"run.train_ratio": 4.0}))
   # Inserts (sequences; the first T + C - 1 rows complete none) earn credit
   # from the 8th on; they stop at credit 8 = size 23.
   rows = trans([0] * 40, range(40))
@@ -202,7 +202,7 @@ def test_many_envs_never_block_before_their_first_sequence(tmp_path):
   """Rows that complete no sequence are not counted by the limiter, so more
   envs than the limiter's fill and tolerance allow cannot stall the run
   before the learner can sample anything (as counting steps did)."""
-  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  service = ReplayService.of(make_config(tmp_path, **{"run.train_ratio": 4.0}))
   envids = range(40)  # 40 * (T + C - 1) = 160 rows: past minsize + tolerance.
   done = threading.Event()
 
@@ -315,7 +315,7 @@ def test_a_resent_shipment_is_stored_once(service):
 
 def test_save_and_load_restore_items_and_limiter(tmp_path):
   config = make_config(tmp_path, **{'run.train_ratio': 4.0})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   fill(service, 11)  # 3 * (11 - 4) = 21 sequences: credit -8 + 14 = 6.
   fill(service, 6, envids=(9,), is_eval=True)
   service.sample_batch_train(timeout=5)
@@ -326,7 +326,7 @@ def test_save_and_load_restore_items_and_limiter(tmp_path):
   assert json.loads((tmp_path / 'ckpt' / 'replay.json').read_text())[
       'limiter'] == {'size': state[0], 'avail': state[1]}
 
-  restored = ReplayService(config)
+  restored = ReplayService.of(config)
   try:
     loaded = restored.load()
     assert loaded == {'items': items, 'eval_items': eval_items,
@@ -345,13 +345,13 @@ def test_save_and_load_restore_items_and_limiter(tmp_path):
 
 def test_a_replay_saved_without_versions_goes_on_without_them(tmp_path):
   config = make_config(tmp_path)
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   for t in range(6):  # As a run from before versions were stored sent them.
     service.add_batch({k: v for k, v in trans((0, 1), [t, t]).items()
                        if k != 'version'})
   service.save()
   service.close()
-  restored = ReplayService(config)
+  restored = ReplayService.of(config)
   try:
     restored.load()
     fill(restored, 6, envids=(0, 1), start=6)  # with versions: accepted
@@ -479,7 +479,7 @@ def test_a_batch_blocked_in_the_limiter_at_a_stop_is_stored_before_its_reply(
   are stored (and saved) before it replies, since a reply means stored:
   the caller never sends them again."""
   config = make_config(tmp_path, **{'run.train_ratio': 4.0})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   rows = trans([0] * 40, range(40))
   replies = []
   thread = threading.Thread(
@@ -491,7 +491,7 @@ def test_a_batch_blocked_in_the_limiter_at_a_stop_is_stored_before_its_reply(
   assert replies == [{}]
   service.save()
   service.close()
-  again = ReplayService(config)
+  again = ReplayService.of(config)
   try:
     again.load()
     assert again.stats()['replay/items'] == 40 - (T + C - 1)
@@ -504,7 +504,7 @@ def test_released_shipments_are_stored_without_waiting_for_the_learner(
   """An agent that stops has its last batches stored at once
   (release_inserts): its learner no longer samples, so the limiter would
   hold them for ever. Other senders still wait."""
-  service = ReplayService(make_config(tmp_path, **{'run.train_ratio': 4.0}))
+  service = ReplayService.of(make_config(tmp_path, **{"run.train_ratio": 4.0}))
   try:
     rows = {**trans([0] * 40, range(40)), 'shipment': np.array([7, 0])}
     replies = []

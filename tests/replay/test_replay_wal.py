@@ -120,7 +120,7 @@ def wait_until(predicate, timeout=10):
 
 
 def reopen(config):
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   loaded = service.load()
   return service, loaded
 
@@ -249,7 +249,7 @@ def test_config_key_is_validated():
 
 def test_acknowledged_rows_survive_a_kill_between_saves(tmp_path):
   config = make_config(tmp_path, **{'run.train_ratio': RATIO})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   # 3 * (8 - UNCOUNTED) = 12 sequences: minsize 8, credit -8 + 5 / 8.
   train, evals = fill(service.add_batch, 8)
   service.sample_batch_train(timeout=5)
@@ -283,7 +283,7 @@ def test_save_interrupted_before_its_checkpoint_adds_no_row_twice(
   """The chunk files are written, the json is not: every logged row is
   both in the files and in the log, and comes back once."""
   config = make_config(tmp_path, **{'run.train_ratio': RATIO})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, evals = fill(service.add_batch, 7)
   service.sample_batch_train(timeout=5)
 
@@ -310,7 +310,7 @@ def test_save_interrupted_before_its_checkpoint_adds_no_row_twice(
 
 def test_kill_after_the_checkpoint_before_truncation(tmp_path, monkeypatch):
   config = make_config(tmp_path, **{'run.train_ratio': RATIO})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, evals = fill(service.add_batch, 7)
   service.sample_batch_train(timeout=5)
   monkeypatch.setattr(service.wal, 'drop_before', lambda generation: None)
@@ -338,7 +338,7 @@ def test_a_save_whose_cut_falls_inside_a_batch(tmp_path):
   # - 64), so the 17th insert waits (credit 64). 9 steps of 3 envs make
   # 15 sequences, and every row of the next batch completes one.
   config = make_config(tmp_path, **{'run.train_ratio': 32.0})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, _ = fill(service.add_batch, 9)
   assert service.limiter.size == 3 * (9 - UNCOUNTED) == 15
   adder = threading.Thread(
@@ -372,7 +372,7 @@ def test_a_recovery_interrupted_by_a_kill_adds_no_row_twice(
   killed before its json writes them to chunk files under new step ids,
   and the next recovery still knows them."""
   config = make_config(tmp_path)
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, evals = fill(service.add_batch, 6)
   service.close()
   service, loaded = reopen(config)
@@ -404,7 +404,7 @@ def test_a_recovery_interrupted_by_a_kill_adds_no_row_twice(
 
 def test_a_torn_record_at_the_kill_is_dropped(tmp_path):
   config = make_config(tmp_path)
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, _ = fill(service.add_batch, 5)
   service.close()
   (path,) = (tmp_path / 'replay_wal').glob('*.wal')
@@ -422,7 +422,7 @@ def test_a_resent_shipment_is_stored_once_across_kills(tmp_path):
   recovery; the client's resend of it, and of any call it had in flight,
   stores nothing, whether the checkpoint or the log holds the batch."""
   config = make_config(tmp_path, **{'run.train_ratio': RATIO})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   ship = Shipments(service.add_batch)
   train, evals = fill(ship, 8)
   service.save()
@@ -455,7 +455,7 @@ def test_a_batch_cut_short_by_a_kill_stores_the_rest_when_resent(tmp_path):
   row is in the checkpoint, with the shipment's progress, and the resend
   stores only the rows after it."""
   config = make_config(tmp_path, **{'run.train_ratio': 32.0})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   ship = Shipments(service.add_batch)
   train, _ = fill(ship, 9)  # 15 sequences: the 17th insert waits.
   failed = []
@@ -495,7 +495,7 @@ def test_a_batch_cut_short_by_a_kill_stores_the_rest_when_resent(tmp_path):
 
 def test_mode_off_loses_what_was_not_saved(tmp_path):
   config = make_config(tmp_path, **{'replay.wal': 'off'})
-  service = ReplayService(config)
+  service = ReplayService.of(config)
   train, _ = fill(service.add_batch, 5)
   service.save()
   fill(service.add_batch, 3, start=5)

@@ -1,4 +1,4 @@
-"""Small file helpers every layer may use (plain Python, no JAX)."""
+"""Atomic file writes every layer may use (plain Python, no JAX)."""
 
 import json
 import os
