@@ -10,3 +10,15 @@ def process_state(pid):
   except FileNotFoundError:
     return None
   return stat.rsplit(')', 1)[1].split()[0]
+
+
+def all_stopped(pid):
+  """Whether every thread of process `pid` is stopped (SIGSTOP reaches a
+  process's threads one by one: until then a running thread still serves)."""
+  states = []
+  for task in Path(f'/proc/{pid}/task').glob('*'):
+    try:
+      states.append((task / 'stat').read_text().rsplit(')', 1)[1].split()[0])
+    except FileNotFoundError:
+      continue  # A thread that just ended.
+  return bool(states) and all(state == 'T' for state in states)

@@ -16,6 +16,7 @@ from portal.client_socket import Disconnected
 from dreamer_ver.rpc import client as client_module
 from dreamer_ver.rpc.client import Client, Dropped
 from dreamer_ver.rpc.addresses import free_port
+from helpers.processes import all_stopped
 
 
 def _server(port, calls=None, gate=None):
@@ -351,6 +352,10 @@ def test_a_stopped_peer_fails_the_link_by_name_within_peer_timeout(capsys):
     assert ready.wait(30)
     assert client.add(2, 3).result(timeout=10) == 5
     os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all_stopped(child.pid) and time.monotonic() < deadline:
+      time.sleep(0.01)  # Until no thread of it can answer any more.
+    assert all_stopped(child.pid)
     future = client.add(1, 1)
     with pytest.raises(Disconnected, match=f'PeerStalled.*127.0.0.1:{port}'):
       future.result(timeout=10)
