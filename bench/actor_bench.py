@@ -604,7 +604,7 @@ class LearnerLoad:
   `listener` (the preempt cutoff's `learner_time`, else nobody)."""
 
   def __init__(self, actor, config):
-    from dreamer_ver.learner.learner import Learner
+    from dreamer_ver.learner.learner import Learner, Options
 
     class NoReplay:
       def update(self, rows):
@@ -613,7 +613,8 @@ class LearnerLoad:
     agent = actor.agent
     state = agent.init_state(agent.init_params(config.seed), config.seed)
     self.learner = Learner(
-        agent, state, actor.params, config, replay=NoReplay(), logger=None,
+        agent, state, actor.params, Options.of(config),
+        replay=NoReplay(), logger=None,
         ckpt=None, counters={'version': actor.params.version})
     self.learner.compile()
     self.batch = self.learner.zero_batch(

@@ -274,18 +274,18 @@ class EvalWorker:
 
 
 class PeriodicEvaluation:
-  """Every `run.eval_every` seconds, the newest params to an EvalWorker
-  named `name`, and its results to the logger, on a thread of its own so
-  that neither training nor acting ever waits for it (the agent process's
-  evaluation).
+  """Every `every` seconds, the newest params to the EvalWorker that
+  `start_worker(cancel)` starts, and its results to the logger, on a thread
+  of its own so that neither training nor acting ever waits for it (the
+  agent process's evaluation). Each submit asks for `episodes` episodes in
+  `mode`, each cut at `max_steps` (0: never).
 
   `latest()` returns (policy params as numpy, their version), `version()`
   the learner's version now, and `send(metrics)` logs scalars and videos.
   Each result is logged as eval/score, eval/length (episode means),
   eval/version, eval/policy_lag (learner updates since the evaluated
   params) and, when the env renders, eval/video (its first episode). A
-  version is submitted once. The worker runs on Ray under `--script ray`
-  (`ray.eval_cpus`, `ray.eval_gpus`), else in a child process. A worker
+  version is submitted once. A worker
   that fails to start, dies or stops answering is shut down and a new one
   starts after a delay (RETRY_SECONDS, doubling while it keeps failing, up
   to RETRY_MAX); the run goes on meanwhile."""
@@ -293,21 +293,37 @@ class PeriodicEvaluation:
   RETRY_SECONDS = 5.0
   RETRY_MAX = 300.0
 
-  def __init__(self, config, latest, version, send, name='agent'):
-    if int(config.run.eval_worker_envs) < 1:
-      raise ValueError(f'run.eval_every = {config.run.eval_every} needs '
-                       'run.eval_worker_envs >= 1')
-    self.config = config
-    self.every = float(config.run.eval_every)
+  def __init__(self, start_worker, every, episodes, mode, max_steps, latest,
+               version, send):
+    self.start_worker = start_worker
+    self.every = every
+    self.job = (episodes, mode, max_steps)
     self.latest = latest
     self.version = version
     self.send = send
-    self.name = name
     self.worker = None
     self.started = 0  # workers started so far
     self.stop = threading.Event()
     self.thread = threading.Thread(
         target=self._run, name='Evaluation', daemon=True)
+
+  @classmethod
+  def of(cls, config, latest, version, send, host='process', name='agent'):
+    """A run's evaluation (`run.eval_*`): its worker named `name` runs on
+    `host`, 'ray' (with `ray.eval_cpus` and `ray.eval_gpus`) or 'process'
+    (a child process)."""
+    run = config.run
+    if int(run.eval_worker_envs) < 1:
+      raise ValueError(f'run.eval_every = {run.eval_every} needs '
+                       'run.eval_worker_envs >= 1')
+    where = {}
+    if host == 'ray':
+      where = dict(host='ray', num_cpus=config.ray.eval_cpus,
+                   num_gpus=config.ray.eval_gpus)
+    return cls(
+        lambda cancel: EvalWorker(config, name, cancel=cancel, **where),
+        float(run.eval_every), int(run.eval_worker_envs), str(run.eval_mode),
+        int(run.eval_max_steps), latest, version, send)
 
   def start(self):
     self.thread.start()
@@ -324,7 +340,8 @@ class PeriodicEvaluation:
     self.delay = self.RETRY_SECONDS
     while not self.stop.is_set():
       try:
-        self.worker = self._start_worker()
+        self.started += 1
+        self.worker = self.start_worker(self.stop)
         self._evaluate(self.worker)
       except Exception as e:
         if self.stop.is_set():
@@ -335,15 +352,6 @@ class PeriodicEvaluation:
         self.stop.wait(self.delay)
         self.delay = min(2 * self.delay, self.RETRY_MAX)
     self._shutdown()
-
-  def _start_worker(self):
-    self.started += 1
-    if self.config.script == 'ray':
-      ray = self.config.ray
-      return EvalWorker(self.config, self.name, host='ray',
-                        num_cpus=ray.eval_cpus, num_gpus=ray.eval_gpus,
-                        cancel=self.stop)
-    return EvalWorker(self.config, self.name, cancel=self.stop)
 
   def _evaluate(self, worker):
     """Submits and polls until stopped; raises if the worker is lost."""
@@ -356,9 +364,7 @@ class PeriodicEvaluation:
         due += self.every
         params, version = self.latest()
         if version != submitted:
-          worker.submit(params, version, self.config.run.eval_worker_envs,
-                        self.config.run.eval_mode,
-                        self.config.run.eval_max_steps)
+          worker.submit(params, version, *self.job)
           submitted = version
       result = worker.poll(timeout=min(1.0, self.every))
       if result is not None:

@@ -43,12 +43,25 @@ def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
     make = lambda i: make_run_env(config, config.run.envs + i)
   else:
     make = load(env_maker)
-  evaluations = _Evaluations(config, make, device, stop, hosted=parent is None,
-                             policy_maker=policy_maker)
+
+  def make_policy(obs_space, act_space):
+    """(the policy, a template of the params it takes)."""
+    if policy_maker is None:
+      from dreamer_ver.agent.agent import Agent, policy_params
+      agent = Agent(obs_space, act_space, config)
+      return agent, policy_params(agent.init_params(0))
+    # A user's policy, with the agent's policy interface.
+    policy = load(policy_maker)(obs_space, act_space)
+    return policy, policy.init_params(0)
+
+  evaluations = _Evaluations(
+      make, make_policy, int(config.run.eval_worker_envs), device, stop,
+      seed=int(config.seed), timeout=float(config.run.eval_timeout),
+      hosted=parent is None)
   addr = config.run.eval_addr
   if not addr:
     port = addresses.free_port()
-    addr = f'{_advertised(config)}:{port}'
+    addr = f'{_advertised(config.run.bind_host)}:{port}'
     bind = f'localhost:{port}'  # run.bind_host, when set, is used instead
   else:
     bind = addr
@@ -82,23 +95,18 @@ class _Evaluations:
   results not polled yet. `submit`, `poll` and `status` run on the server's
   threads, `run` on the evaluation thread."""
 
-  def __init__(self, config, make_env, device, stop, hosted=False,
-               policy_maker=None):
-    from dreamer_ver.agent.agent import Agent, policy_params
-    self.config = config
-    self.make_env = make_env
+  def __init__(self, make_env, make_policy, count, device, stop, seed,
+               timeout, hosted=False):
+    self.make_env = make_env  # env index -> env
+    self.count = count  # envs, each running a share of a job's episodes
     self.device = device
     self.stop = stop
+    self.seed = seed
+    self.timeout = timeout  # seconds a job may run unless it says otherwise
     self.hosted = hosted  # by a Ray Host, which alone may end it
-    self.count = int(config.run.eval_worker_envs)
     self.envs = self._build_envs()
     env = self.envs[0]
-    if policy_maker is None:
-      self.agent = Agent(env.obs_space, env.act_space, config)
-      template = policy_params(self.agent.init_params(0))
-    else:  # A user's policy, with the agent's policy interface.
-      self.agent = load(policy_maker)(env.obs_space, env.act_space)
-      template = self.agent.init_params(0)
+    self.agent, template = make_policy(env.obs_space, env.act_space)
     self.keys = tuple(template)
     self.shapes = {path: (tuple(np.shape(leaf)), np.asarray(leaf).dtype)
                    for path, leaf in _leaves(template)}
@@ -186,10 +194,10 @@ class _Evaluations:
       if self.envs is None:
         self.envs = self._build_envs()
       count = min(len(self.envs), episodes)
-      timeout = timeout or self.config.run.eval_timeout
+      timeout = timeout or self.timeout
       episodes_run, frames = run_episodes(
           self.agent, jax.device_put(params, self.device), self.envs[:count],
-          episode_shares(episodes, count), mode, self.config.seed,
+          episode_shares(episodes, count), mode, self.seed,
           duration=timeout, record=True, stop=self.stop, max_steps=max_steps)
       if self.stop.is_set():
         return None  # Shutting down: the episodes were cut short.
@@ -259,9 +267,8 @@ def _check_shapes(params, shapes):
         + '; '.join(problems))
 
 
-def _advertised(config):
-  """The host other processes reach this worker at."""
-  host = config.run.bind_host
+def _advertised(host):
+  """The host other processes reach a server bound at `host` at."""
   if not host or host in ('localhost', '127.0.0.1'):
     return 'localhost'
   return socket.gethostname() if host in ('0.0.0.0', '::') else host

@@ -32,6 +32,7 @@ restart every one from process 0's last checkpoint.
 """
 
 import collections
+import dataclasses
 import time
 
 import elements
@@ -70,21 +71,44 @@ def wait(future, stop, poll=0.2):
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What the learner uses of a run config: the batch shape and the
+  wall-clock intervals of its metrics and reports."""
+
+  batch_size: int  # rows of a batch, over all learner processes
+  batch_length: int  # trained steps of a row
+  report_length: int  # steps of a report batch's rows
+  context: int  # replay_context: steps before each row, not trained on
+  log_every: float  # seconds between metric summaries
+  report_every: float  # seconds between reports
+
+  @classmethod
+  def of(cls, config):
+    return cls(
+        batch_size=int(config.batch_size),
+        batch_length=int(config.batch_length),
+        report_length=int(config.report_length),
+        context=int(config.replay_context),
+        log_every=float(config.run.log_every),
+        report_every=float(config.run.report_every))
+
+
 class Learner:
 
-  def __init__(self, agent, state, params_store, config, replay, logger,
+  def __init__(self, agent, state, params_store, options, replay, logger,
                ckpt, counters, devices=None, on_update=None):
     self.agent = agent
     self.parallel = DataParallel(agent, devices or jax.devices()[:1])
     self.lead = jax.process_index() == 0  # The process that logs and saves.
-    self.rows = config.batch_size // self.parallel.processes  # Its share.
+    self.rows = options.batch_size // self.parallel.processes  # Its share.
     if self.parallel.processes > 1:
       state, version = multihost_utils.broadcast_one_to_all(
           (state, counters['version']))
       counters['version'] = int(version)
     self.state = self.parallel.put_state(state)
     self.params = params_store  # None: a process without an actor.
-    self.config = config
+    self.options = options
     self.replay = replay  # client.Client of the replay server
     self.logger = logger  # client.Client of the logger server, or None
     self.ckpt = ckpt
@@ -98,10 +122,10 @@ class Learner:
     """Compiles train and report on zero batches of the replay's shapes, so
     the learner never compiles mid-run (a compile cannot be interrupted,
     which would hold up a shutdown)."""
-    cfg = self.config
+    opts = self.options
     put = self.parallel.put_rows
-    train = put(self.zero_batch(cfg.batch_length + cfg.replay_context))
-    report = put(self.zero_batch(cfg.report_length + cfg.replay_context))
+    train = put(self.zero_batch(opts.batch_length + opts.context))
+    report = put(self.zero_batch(opts.report_length + opts.context))
     state = jax.tree.map(jnp.copy, self.state)  # train donates its state
     outs = self.parallel.train(state, self.carry, train)
     jax.block_until_ready((outs, self.parallel.report(self.state, report)))
@@ -111,13 +135,13 @@ class Learner:
     server returns, as the jitted step sees them: the actor's transitions
     (their version taken out) plus stepid and consec; this process's rows."""
     B = self.rows
-    rssm = self.config.agent.rssm
     spaces = {**self.agent.obs_space, **self.agent.act_space}
     batch = {k: np.zeros((B, length, *s.shape), s.dtype)
              for k, s in spaces.items()}
-    batch['dyn/deter'] = np.zeros((B, length, rssm.deter), np.float32)
-    batch['dyn/stoch'] = np.zeros(
-        (B, length, rssm.stoch, rssm.classes), np.float32)
+    carry = self.agent.init_carry(1)
+    for key in ('deter', 'stoch'):  # The latents, as the actor ships them.
+      batch[f'dyn/{key}'] = np.zeros((B, length, *carry[key].shape[1:]),
+                                     np.float32)
     batch['stepid'] = np.zeros((B, length, 20), np.uint8)
     batch['consec'] = np.zeros((B, length), np.int32)
     return batch
@@ -126,11 +150,10 @@ class Learner:
     """Trains until `stop()` is true in any process. Returns True where
     process 0 stopped because `failing()` (its agent failed and restarts,
     so the others must too), else False."""
-    run = self.config.run
     if self.lead:
       train = Prefetch(self.replay, 'sample_batch_train', self.rows)
-    should_log = elements.when.Clock(run.log_every)
-    should_report = elements.when.Clock(run.report_every)
+    should_log = elements.when.Clock(self.options.log_every)
+    should_report = elements.when.Clock(self.options.report_every)
     fps = elements.FPS()
     while True:
       if self.lead:
@@ -152,7 +175,7 @@ class Learner:
         # Waits for the device, so the time is the update's, not dispatch's.
         jax.block_until_ready(self.state['params'])
         self.on_update(time.perf_counter() - began)
-      fps.step(self.config.batch_size * self.config.batch_length)
+      fps.step(self.options.batch_size * self.options.batch_length)
       if report:
         self.report(stop)
       if log:
@@ -175,7 +198,7 @@ class Learner:
   def train_step(self, batch):
     acted = batch.pop('version', None)  # absent in replays from before it
     if acted is not None:
-      trained = acted[:, self.config.replay_context:]  # not the context
+      trained = acted[:, self.options.context:]  # not the context
       self.lags.append(self.counters['version'] - trained.ravel())
     self.state, self.carry, outs, mets = self.parallel.train(
         self.state, self.carry, self.parallel.put_rows(batch))

@@ -6,7 +6,7 @@ thread, and the loop that logs them until the run is done.
                                                      preemption.Shared)
   build_learner(config, agent, state, store, ckpt, counters, logger)
                                                  -> Learner
-  run_agent(config)                              -> builds them and runs
+  run_agent(config, eval_host)                   -> builds them and runs
   run_learner(config)                            -> a multi-host run's learner
                                                     on another host
 
@@ -36,6 +36,7 @@ from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
 from dreamer_ver.evaluation.worker import PeriodicEvaluation
 from dreamer_ver.learner.learner import Learner, loggable
+from dreamer_ver.learner.learner import Options as LearnerOptions
 from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.batch_server import BatchServer
 
@@ -89,7 +90,7 @@ def build_learner(config, agent, state, store, ckpt, counters, logger,
   """The learner on the train devices, compiled; `on_update(seconds)` hears
   each update's device time."""
   learner = Learner(
-      agent, state, store, config,
+      agent, state, store, LearnerOptions.of(config),
       replay=connect(config, 'replay', 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters, devices=train_devices,
       on_update=on_update)
@@ -99,10 +100,11 @@ def build_learner(config, agent, state, store, ckpt, counters, logger,
   return learner
 
 
-def run_agent(config, stop=None):
+def run_agent(config, eval_host='process', stop=None):
   """Serves and trains until `run.steps` env steps are served, `run.duration`
   seconds passed, or SIGINT/SIGTERM (or `stop` is set), then saves the
-  agent and returns 0.
+  agent and returns 0. Its eval worker (`run.eval_every` > 0) runs on
+  `eval_host`: 'process' (a child) or 'ray' (a Ray actor).
 
   If a part of the agent dies -- the learner thread, a batch-server loop, a
   link to replay or logger -- it prints the cause once, saves what is sound
@@ -157,9 +159,10 @@ def run_agent(config, stop=None):
   if run.eval_every > 0:
     # A link of its own that waits rather than drops: its rows are rare.
     eval_logger = connect(config, 'logger', 'EvalLogger', maxinflight=2)
-    evaluation = PeriodicEvaluation(
+    evaluation = PeriodicEvaluation.of(
         config, lambda: jax.device_get(store.latest()), lambda: store.version,
-        lambda metrics: eval_logger.add(loggable(metrics))).start()
+        lambda metrics: eval_logger.add(loggable(metrics)),
+        host=eval_host).start()
   links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
            'learner to replay': learner.replay, 'learner to logger': logger}
   should_log = every(run.log_every)

@@ -97,7 +97,7 @@ def start_run(config, hosts):
   processes = config.jax.processes
   serves = ('run.actor_addr',) + (('jax.coordinator',) if processes > 1 else ())
   hosts['agent'] = ray_host.start(
-      config, 'agent', AGENT, serves=serves, num_cpus=r.agent_cpus,
+      config, 'agent', AGENT, 'ray', serves=serves, num_cpus=r.agent_cpus,
       num_gpus=gpus)
   for process in range(1, processes):
     learner = config.update({

@@ -87,7 +87,7 @@ def _train(config, stop):
   evaluation = None
   if run.eval_every > 0:
     published.append(snapshot())
-    evaluation = PeriodicEvaluation(
+    evaluation = PeriodicEvaluation.of(
         config, lambda: published[-1], lambda: counters['version'],
         eval_rows.append).start()
   start = time.monotonic()

@@ -288,3 +288,30 @@ def test_any_malformed_params_are_an_error_to_their_caller_only(
   with pytest.raises((RuntimeError, TypeError, ValueError)):
     worker.submit(params, 1)
   assert worker.status()['pending'] is None
+
+
+def test_a_runs_evaluation_starts_its_worker_where_the_launcher_says(
+    config, monkeypatch):
+  """`PeriodicEvaluation.of` reads `run.eval_*` and `ray.eval_*` once; the
+  launcher, not the config, says whether the worker runs on Ray."""
+  from dreamer_ver.evaluation import worker as workerlib
+  started = []
+  monkeypatch.setattr(workerlib, 'EvalWorker',
+                      lambda *args, **kwargs: started.append((args, kwargs)))
+  config = config.update({
+      'run.eval_every': 7.5, 'run.eval_worker_envs': 3,
+      'run.eval_mode': 'sample', 'run.eval_max_steps': 11,
+      'ray.eval_cpus': 0.25, 'ray.eval_gpus': 0.5})
+  cancel = object()
+  for host in ('process', 'ray'):
+    evaluation = workerlib.PeriodicEvaluation.of(
+        config, latest=None, version=None, send=None, host=host, name='x')
+    assert (evaluation.every, evaluation.job) == (7.5, (3, 'sample', 11))
+    evaluation.start_worker(cancel)
+  assert started == [
+      ((config, 'x'), {'cancel': cancel}),
+      ((config, 'x'), {'cancel': cancel, 'host': 'ray', 'num_cpus': 0.25,
+                       'num_gpus': 0.5})]
+  with pytest.raises(ValueError, match='run.eval_worker_envs >= 1'):
+    workerlib.PeriodicEvaluation.of(
+        config.update({'run.eval_worker_envs': 0}), None, None, None)

@@ -11,7 +11,7 @@ from helpers.agent import make_batch, small_config, vector_spaces
 
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent.agent import Agent, policy_params
-from dreamer_ver.learner.learner import Learner
+from dreamer_ver.learner.learner import Learner, Options
 
 
 class Recorder:
@@ -34,7 +34,8 @@ def test_the_learner_logs_the_policy_lag_of_the_rows_it_trains_on():
   state = agent.init_state(agent.init_params(0), 0)
   logger = Recorder()
   learner = Learner(
-      agent, state, ParamsStore(policy_params(state['params']), 7), config,
+      agent, state, ParamsStore(policy_params(state['params']), 7),
+      Options.of(config),
       replay=Recorder(), logger=logger, ckpt=None, counters={'version': 7})
   T = config.batch_length + config.replay_context
   first = make_batch(agent, B, T, seed=0)
@@ -78,7 +79,7 @@ def test_every_learner_stops_with_process_0_and_restarts_if_its_agent_failed():
   config = small_config(batch_size=4)
   agent = Agent(*vector_spaces(), config)
   state = agent.init_state(agent.init_params(0), 0)
-  learner = Learner(agent, state, None, config, replay=Replay(), logger=None,
+  learner = Learner(agent, state, None, Options.of(config), replay=Replay(), logger=None,
                     ckpt=None, counters={'version': 0})
   sent = []
 
@@ -129,7 +130,7 @@ def test_the_learner_reports_each_updates_device_time_to_the_decider():
   agent = Agent(*vector_spaces(), config)
   state = agent.init_state(agent.init_params(0), 0)
   times, counters = [], {'version': 0}
-  learner = Learner(agent, state, None, config, replay=Batches(), logger=None,
+  learner = Learner(agent, state, None, Options.of(config), replay=Batches(), logger=None,
                     ckpt=None, counters=counters, on_update=times.append)
 
   def update(batch):

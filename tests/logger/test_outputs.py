@@ -272,7 +272,8 @@ def test_learner_sends_report_videos_to_the_logger(reported, tmp_path):
 
   logger = make_service(tmp_path)  # Its add is the client's add.
   learner = learnerlib.Learner(
-      agent, state, params_store=None, config=agent.config, replay=Replay(),
+      agent, state, params_store=None,
+      options=learnerlib.Options.of(agent.config), replay=Replay(),
       logger=logger, ckpt=None, counters={'version': 0})
   learner.report(stop=lambda: False)
   record = logger.write()

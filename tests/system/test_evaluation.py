@@ -85,7 +85,7 @@ def test_periodic_evaluation_replaces_a_worker_that_died(
   sent = []
   versions = iter(range(1, 10_000))
   best = cue_params(agent, True)
-  evaluation = PeriodicEvaluation(
+  evaluation = PeriodicEvaluation.of(
       config.update({'run.eval_every': 0.5}),
       latest=lambda: (best, next(versions)), version=lambda: 10_000,
       send=sent.append, name='periodic').start()
