@@ -448,7 +448,7 @@ class Ours:
     from dreamer_ver import config as configlib
     from dreamer_ver.actor import preemption
     from dreamer_ver.rpc.batch_server import BatchServer
-    from dreamer_ver.cluster.links import server_kwargs
+    from dreamer_ver.cluster.links import Links
     run = configlib.override(config, {'run.actor_cutoff': mode}).run
     self.cutoff = preemption.make_cutoff(run, envs, actor.buckets, inference)
 
@@ -460,7 +460,7 @@ class Ours:
       counter.add(served, time.perf_counter() - start)
       return replies, context
 
-    kwargs = {**server_kwargs(config), 'logging': False}
+    kwargs = {**Links.of(config).server_kwargs(), 'logging': False}
     if hasattr(actor, 'max_request_bytes'):
       kwargs['max_msg_size'] = actor.max_request_bytes()
     transports = ('tcp', 'shm') if run.actor_transport == 'shm' else ('tcp',)

@@ -1,5 +1,5 @@
-"""How the components of a run reach each other: the server and client
-settings a run's config implies, and where a peer is now.
+"""How the components of a run reach each other: `Links`, the server and
+client settings a run's config implies, and where a peer is now.
 
 Servers bind to the host named in their `host:port` address
 (`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
@@ -7,6 +7,9 @@ multi-host run), and accept only clients that present the run token
 (`token.py`). Clients connect to `client_address(addr)`: on a Ray cluster
 the addresses are names that Ray resolves.
 """
+
+import dataclasses
+from collections.abc import Mapping
 
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.client import Client
@@ -17,28 +20,44 @@ SERVERS = {'replay': 'replay_addr', 'logger': 'logger_addr',
            'actor': 'actor_addr'}
 
 
-def connect(config, server, name, **options):
-  """A futures client (`rpc/client.py`) named `name` to the run's `server`
-  ('replay', 'logger', 'actor'), with the run's token and peer deadline;
-  `options`: maxinflight, when_full."""
-  addr = client_address(config.run[SERVERS[server]])
-  return Client(addr, name, **client_kwargs(config), **options)
+@dataclasses.dataclass(frozen=True)
+class Links:
+  """What a component of a run needs to reach the others and be reached:
+  the servers' addresses, the run token, the bind interface and the
+  deadline on a silent peer, read from the run config once (`of`)."""
 
+  addresses: Mapping  # 'replay', 'logger', 'actor' -> the address it serves
+  token: str
+  bind_host: str = ''  # the interface servers bind; '' = their address's
+  peer_timeout: float = 0.0  # seconds a waiting call bears silence; 0 = ever
 
-def server_kwargs(config):
-  """Keyword arguments for our servers (and portal's) in a run: the bind
-  interface when `run.bind_host` sets one, and the token handshake."""
-  kwargs = dict(handshake=addresses.handshake(config.run.token))
-  if config.run.bind_host:
-    kwargs['host'] = config.run.bind_host
-  return kwargs
+  @classmethod
+  def of(cls, config):
+    """The links of a run config whose token is set (`token.with_token`)."""
+    run = config.run
+    return cls({server: str(run[key]) for server, key in SERVERS.items()},
+               str(run.token), str(run.bind_host), float(run.peer_timeout))
 
+  def connect(self, server, name, **options):
+    """A futures client (`rpc/client.py`) named `name` to the run's `server`
+    ('replay', 'logger', 'actor'), with the run's token and peer deadline;
+    `options`: maxinflight, when_full."""
+    addr = client_address(self.addresses[server])
+    return Client(addr, name, **self.client_kwargs(), **options)
 
-def client_kwargs(config):
-  """Keyword arguments for our futures clients (`rpc/client.py`) in a run:
-  the token handshake and the deadline on a peer that stopped answering."""
-  return dict(handshake=addresses.handshake(config.run.token),
-              peer_timeout=config.run.peer_timeout or None)
+  def server_kwargs(self):
+    """Keyword arguments for our servers (and portal's): the bind interface
+    when `run.bind_host` sets one, and the token handshake."""
+    kwargs = dict(handshake=addresses.handshake(self.token))
+    if self.bind_host:
+      kwargs['host'] = self.bind_host
+    return kwargs
+
+  def client_kwargs(self):
+    """Keyword arguments for our futures clients: the token handshake and
+    the deadline on a peer that stopped answering."""
+    return dict(handshake=addresses.handshake(self.token),
+                peer_timeout=self.peer_timeout or None)
 
 
 def client_address(addr):

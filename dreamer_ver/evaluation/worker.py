@@ -86,7 +86,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.cluster.links import client_kwargs
+from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.supervisor import Supervisor
 from dreamer_ver.cluster.targets import EVAL_WORKER, load
 from dreamer_ver.cluster.token import TOKEN_ENV, with_token
@@ -144,7 +144,7 @@ class EvalWorker:
               **(remote_kwargs or {})})
       addr = ray_host.Lookup(actor)
     self._client = Client(
-        addr, f'EvalWorker{name}', **client_kwargs(config))
+        addr, f'EvalWorker{name}', **Links.of(config).client_kwargs())
     if host == 'ray':
       try:
         # Placed, started and serving.

@@ -18,7 +18,7 @@ import numpy as np
 from dreamer_ver.atomic import write_json
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.server import Server
-from dreamer_ver.cluster.links import server_kwargs
+from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.targets import load
 from dreamer_ver.evaluation.records import (
@@ -65,7 +65,7 @@ def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
     bind = f'localhost:{port}'  # run.bind_host, when set, is used instead
   else:
     bind = addr
-  server = Server(bind, f'EvalWorker{name}', **server_kwargs(config))
+  server = Server(bind, f'EvalWorker{name}', **Links.of(config).server_kwargs())
   server.bind('submit', evaluations.submit)
   server.bind('poll', evaluations.poll, workers=2)  # Owner and from_name.
   server.bind('status', evaluations.status)

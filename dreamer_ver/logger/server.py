@@ -4,7 +4,7 @@ server worker (``rpc/server.py``), so they run one at a time, and the main
 loop writes and saves on its clocks.
 """
 
-from dreamer_ver.cluster.links import server_kwargs
+from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.rpc.server import Server
@@ -16,8 +16,9 @@ def serve_logger(config, stop=None):
   service = LoggerService.of(config)
   if service.load():
     print(f'[logger] resumed at step {service.step}', flush=True)
-  addr = config.run.logger_addr
-  server = Server(addr, 'Logger', workers=1, **server_kwargs(config))
+  links = Links.of(config)
+  server = Server(links.addresses['logger'], 'Logger', workers=1,
+                  **links.server_kwargs())
   server.bind('add', service.add)  # Both on the shared single worker.
   server.bind('transitions', service.transitions)
   server.start()

@@ -4,7 +4,7 @@ worker per method, so a blocked ``add_batch`` never blocks sampling), saves
 periodically and sends stats to the logger without ever waiting on it.
 """
 
-from dreamer_ver.cluster.links import connect, server_kwargs
+from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.replay.service import METHODS, Closing, ReplayService
 from dreamer_ver.rpc.server import Server
@@ -19,14 +19,14 @@ def serve_replay(config, stop=None):
       f'[replay] loaded {loaded["items"]} train and {loaded["eval_items"]} '
       f'eval sequences and {loaded["logged_rows"]} logged rows from '
       f'{service.logdir}', flush=True)
-  addr = config.run.replay_addr
-  server = Server(addr, 'Replay', quiet=(Closing,),
-                  **server_kwargs(config))
+  links = Links.of(config)
+  server = Server(links.addresses['replay'], 'Replay', quiet=(Closing,),
+                  **links.server_kwargs())
   for name in METHODS:
     server.bind(name, getattr(service, name), workers=1)
   server.start()
-  logger = connect(config, 'logger', 'ReplayLogger', maxinflight=1,
-                   when_full='drop')
+  logger = links.connect('logger', 'ReplayLogger', maxinflight=1,
+                         when_full='drop')
   saved_activity = [service.activity]
 
   def save():

@@ -2,9 +2,10 @@
 thread, and the loop that logs them until the run is done.
 
   build_agent(config)                            -> Agent
-  build_actor(config, agent, store, counters)    -> (Actor, BatchServer,
+  build_actor(config, agent, store, counters, links)
+                                                 -> (Actor, BatchServer,
                                                      preemption.Shared)
-  build_learner(config, agent, state, store, ckpt, counters, logger)
+  build_learner(config, agent, state, store, ckpt, counters, links, logger)
                                                  -> Learner
   run_agent(config, eval_host)                   -> builds them and runs
   run_learner(config)                            -> a multi-host run's learner
@@ -30,7 +31,7 @@ from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.cluster import devices
-from dreamer_ver.cluster.links import connect, resolve, server_kwargs
+from dreamer_ver.cluster.links import Links, resolve
 from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
@@ -50,7 +51,7 @@ def build_agent(config):
     env.close()
 
 
-def build_actor(config, agent, store, counters):
+def build_actor(config, agent, store, counters, links):
   """The actor with its links to replay and logger, compiled on every
   policy device, and its (not yet started) batch server: TCP for any
   host, shared memory for env processes on this one."""
@@ -60,9 +61,9 @@ def build_actor(config, agent, store, counters):
   actor = Actor(
       agent, store, slots=max(envs, largest),
       buckets=preemption.bucket_sizes(run, largest), seed=config.seed,
-      replay=connect(config, 'replay', 'ActorReplay', maxinflight=8),
-      logger=connect(config, 'logger', 'ActorLogger', maxinflight=8,
-                     when_full='drop'))
+      replay=links.connect('replay', 'ActorReplay', maxinflight=8),
+      logger=links.connect('logger', 'ActorLogger', maxinflight=8,
+                           when_full='drop'))
   actor.shipper.served = actor.shipper.stored = counters['steps']
   print(f'Compiling the policy for batches of {actor.buckets} on '
         f'{len(actor.lanes)} device(s) (cached in jax.compile_cache for '
@@ -81,17 +82,17 @@ def build_actor(config, agent, store, counters):
   server = BatchServer(
       run.actor_addr, actor.handle, cutoffs, postfn=actor.post,
       workers=run.actor_threads, name='Actor', transports=transports,
-      max_msg_size=actor.max_request_bytes(), **server_kwargs(config))
+      max_msg_size=actor.max_request_bytes(), **links.server_kwargs())
   return actor, server, shared
 
 
-def build_learner(config, agent, state, store, ckpt, counters, logger,
+def build_learner(config, agent, state, store, ckpt, counters, links, logger,
                   train_devices, on_update=None):
   """The learner on the train devices, compiled; `on_update(seconds)` hears
   each update's device time."""
   learner = Learner(
       agent, state, store, LearnerOptions.of(config),
-      replay=connect(config, 'replay', 'LearnerReplay', maxinflight=8),
+      replay=links.connect('replay', 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters, devices=train_devices,
       on_update=on_update)
   print('Compiling the learner...', flush=True)
@@ -123,14 +124,16 @@ def run_agent(config, eval_host='process', stop=None):
       config.run.keep_checkpoints)
   store = ParamsStore(policy_params(state['params']), counters['version'],
                       devices=policy_devices)
-  actor, server, shared = build_actor(config, agent, store, counters)
-  logger = connect(config, 'logger', 'LearnerLogger', maxinflight=2,
-                   when_full='drop')
+  links = Links.of(config)
+  actor, server, shared = build_actor(config, agent, store, counters, links)
+  logger = links.connect('logger', 'LearnerLogger', maxinflight=2,
+                         when_full='drop')
   # VER's learner time: only where the learner takes the policy's device.
   shares = run.actor_cutoff == 'preempt' and bool(
       set(policy_devices) & set(train_devices))
-  learner = build_learner(config, agent, state, store, ckpt, counters, logger,
-                          train_devices, shared.learner_time if shares else None)
+  learner = build_learner(
+      config, agent, state, store, ckpt, counters, links, logger,
+      train_devices, shared.learner_time if shares else None)
   shipper = actor.shipper
   start = time.monotonic()
   failed = []  # The learner thread's exception, if it raised.
@@ -158,13 +161,14 @@ def run_agent(config, eval_host='process', stop=None):
   evaluation = None
   if run.eval_every > 0:
     # A link of its own that waits rather than drops: its rows are rare.
-    eval_logger = connect(config, 'logger', 'EvalLogger', maxinflight=2)
+    eval_logger = links.connect('logger', 'EvalLogger', maxinflight=2)
     evaluation = PeriodicEvaluation.of(
         config, lambda: jax.device_get(store.latest()), lambda: store.version,
         lambda metrics: eval_logger.add(loggable(metrics)),
         host=eval_host).start()
-  links = {'actor to replay': shipper.replay, 'actor to logger': shipper.logger,
-           'learner to replay': learner.replay, 'learner to logger': logger}
+  clients = {'actor to replay': shipper.replay,
+             'actor to logger': shipper.logger,
+             'learner to replay': learner.replay, 'learner to logger': logger}
   should_log = every(run.log_every)
   fps = elements.FPS()
   last = shipper.served
@@ -172,7 +176,7 @@ def run_agent(config, eval_host='process', stop=None):
   try:
     while not done():
       stop.wait(0.2)
-      cause = failure(failed, server, links)
+      cause = failure(failed, server, clients)
       if cause:
         stop.set()  # Ends the learner's loop too.
         break
@@ -201,12 +205,12 @@ def run_agent(config, eval_host='process', stop=None):
 
   server.close()
   learner_thread.join()
-  cause = cause or failure(failed, server, links)
+  cause = cause or failure(failed, server, clients)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '
           f'resumes from the last checkpoint.', file=sys.stderr, flush=True)
   else:
-    release_last_shipments(config, shipper)
+    release_last_shipments(links, shipper)
     counters['steps'] = shipper.stored  # What replay holds.
     learner.save()
     print(f'Agent saved at step {shipper.stored}.')
@@ -215,7 +219,7 @@ def run_agent(config, eval_host='process', stop=None):
   if evaluation is not None:
     evaluation.close(timeout=30)
     eval_logger.close(timeout=1)
-  for client in links.values():
+  for client in clients.values():
     client.close(timeout=1)
   return 1 if cause else 0
 
@@ -240,7 +244,8 @@ def run_learner(config, stop=None):
   agent = build_agent(config)
   state = agent.init_state(agent.init_params(config.seed), config.seed)
   learner = build_learner(config, agent, state, None, None,
-                          {'steps': 0, 'version': 0}, None, train_devices)
+                          {'steps': 0, 'version': 0}, Links.of(config), None,
+                          train_devices)
   print(f'Learner process {config.jax.process_id} of {config.jax.processes} '
         f'training from params version {learner.counters["version"]}.',
         flush=True)
@@ -256,14 +261,14 @@ def run_learner(config, stop=None):
   return 1 if agent_failed else 0
 
 
-def release_last_shipments(config, shipper, timeout=5.0):
+def release_last_shipments(links, shipper, timeout=5.0):
   """At a stop: asks replay to store this agent's last shipments without
   waiting for the limiter (the learner no longer samples) and waits up to
   `timeout` seconds for each step of it, so the saved step count is what
   replay holds."""
   if shipper.replay is None:
     return
-  client = connect(config, 'replay', 'AgentRelease', maxinflight=1)
+  client = links.connect('replay', 'AgentRelease', maxinflight=1)
   try:
     client.release_inserts(np.int64(shipper.sender)).result(timeout=timeout)
   except Exception as error:

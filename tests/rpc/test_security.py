@@ -17,9 +17,17 @@ from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
-from dreamer_ver.cluster.links import client_kwargs, server_kwargs
+from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.token import with_token
+
+
+def server_kwargs(config):
+  return Links.of(config).server_kwargs()
+
+
+def client_kwargs(config):
+  return Links.of(config).client_kwargs()
 
 
 def _handshake(config):
