@@ -8,40 +8,7 @@ that lists and explains every suite option), and applies the standard
 wrappers (``wrap_env``): continuous actions are normalised to [-1, 1] and
 clipped, dtypes unified to float32 / int32 / bool / uint8, and spaces checked.
 
-Suites and their keys (besides reward, is_first, is_last, is_terminal in
-every obs and reset in every action):
-
-  dummy_disc, dummy_cont (``dummy.Dummy``)
-    obs image (64,64,3) uint8, vector (7,), token, count, float2d (4,5),
-    int2d (2,3); act act_disc (5 classes), act_cont (6,).
-
-  gym_<gymnasium id>, e.g. gym_CartPole-v1 (``gym.FromGym``); the time limit
-  and other gymnasium.make kwargs come from ``env.gym``
-    obs vector or image (or the flattened keys of a Dict space);
-    act action (or the flattened keys of a Dict space).
-
-  dmc_<domain>_<task>, e.g. dmc_walker_walk (``dmc.DMC``)
-    obs one float32 vector per dm_control key, image; act action.
-
-  atari_<game>, e.g. atari_pong, and atari100k_<game> (``atari.Atari``): one
-  class, two option sets (``env.atari``: the Atari 57 protocol with sticky
-  actions and the full action set; ``env.atari100k``: the 100k benchmark's)
-    obs image (64,64,3) uint8 for atari100k, (96,96,1) for atari;
-    act action.
-
-  crafter_reward, crafter_noreward (``crafter.Crafter``)
-    obs image (64,64,3) uint8, log/reward, log/achievement_<name>;
-    act action (17 classes).
-
-  memmaze_9x9 ... memmaze_15x15 (``memmaze.MemoryMaze``): Memory Maze
-    obs image (64,64,3) uint8 (``env.memmaze.resolution``); act action
-    (6 classes).
-
-  pinpad_three ... pinpad_eight (``pinpad.PinPad``): press n pads in order
-    obs image (64,64,3) uint8; act action (5 classes).
-
-  synthetic_<any name> (``synthetic.Synthetic``), for tests and benchmarks
-    obs vector (cue in vector[0]), count; act action (2 classes).
+The suites, their tasks, extras and spaces: ``docs/suites.md``.
 
 More suites plug in without editing this package: ``register(prefix,
 constructor)``, or an entry point of the group ``dreamer_ver.envs`` (name:

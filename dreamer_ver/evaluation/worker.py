@@ -1,78 +1,38 @@
 """EvalWorker: scores of submitted params, measured in a process of its own
-so training never waits for them (after TorchRL's RayEvalWorker).
+so training never waits for them (after TorchRL's RayEvalWorker; hosting,
+queueing and finding a worker by name: docs/architecture.md, Evaluation).
 
   worker = EvalWorker(config, name='eval')      # starts the worker process
   worker.submit(policy_params(params), version, episodes=4, mode='greedy')
   result = worker.poll(timeout=0)               # None, or one result
   worker.shutdown()                             # ends the process
 
-* Hosts: `host='process'` (the default) spawns a child process
-  (`supervisor.Supervisor`, not restarted) that exits when the process that
-  started it dies; `host='ray'` runs it in a Ray actor (`ray_host.Host`,
-  named `eval_worker_<name>` in the caller's Ray namespace; `num_cpus`,
-  `num_gpus` are its Ray resources and `remote_kwargs` any other Ray actor
-  option, e.g. `lifetime='detached'` for a worker that outlives the
-  process that started it; the caller must have called `ray.init`), which
-  Ray restarts if it dies, and the handle's connection
-  follows it to wherever it serves then (an evaluation running or waiting
-  at that moment is lost: submit again). Both run the same code,
-  `evaluation/worker_server.py`: it
-  builds `run.eval_worker_envs` envs (ids `run.envs + i`, seeded as in every script
-  by `envs.make_run_env`), or `env_maker(i)` for i < `run.eval_worker_envs`, an
-  Agent from `config` (or the policy `policy_maker(obs_space, act_space)`
-  returns: any object with the agent's `init_params(seed)`,
-  `init_carry(n)` and `policy(params, carry, obs, key, mode) -> (carry,
-  act, out)`), and an RPC server that only accepts the run's token.
-  It runs the episode loop of `evaluation/episodes.py` with the agent's
-  jitted policy on its own copy of the params and its own carry; it never
-  touches the actor. The handle lives in the caller and imports neither JAX
-  nor the agent. The worker never preallocates GPU memory (it shares the
-  device with the run).
+* `EvalWorker(config, name, env_maker, init_fn, host, num_cpus, num_gpus,
+  start_timeout, cancel, policy_maker, remote_kwargs)`: `host` 'process'
+  (a child process that ends with its starter) or 'ray' (a Ray actor
+  `eval_worker_<name>` with those resources and Ray options, after
+  `ray.init`). Its envs are `run.eval_worker_envs` run envs, or
+  `env_maker(i)`; its policy the run's Agent, or `policy_maker(obs_space,
+  act_space)` (the agent's `init_params`, `init_carry`, `policy`).
+  `env_maker`, `policy_maker` and `init_fn()` (run first in the worker,
+  before JAX starts) are 'module:function' strings or picklable top-level
+  functions, refused in the caller otherwise. `cancel` (an Event) ends the
+  wait for a worker still starting.
 * `submit(params, version, episodes, mode, max_steps, timeout)` returns
-  once the worker has
-  checked and queued the job, without waiting for its episodes. `params`:
-  the policy params (`agent.policy_params(params)`; all params are accepted
-  and cut down to them), nested dicts of arrays, sent as numpy; shapes that
-  do not match the worker's agent are an error to the caller. `mode`:
-  'greedy' or 'sample'. Episodes are split evenly over
-  min(`run.eval_worker_envs`, episodes) envs, as in `--script eval_only`.
-  `max_steps` (0 = none) cuts an episode after that many steps (it counts,
-  as `truncated`); `timeout` bounds this evaluation (default
-  `run.eval_timeout`).
-* Queue: one evaluation runs and at most one waits. A submit while one runs
-  replaces the waiting job, if any (submit returns its version as
-  `replaced`): evaluating params that newer ones have superseded is wasted
-  work, and the queue stays bounded when evaluating is slower than
-  training. A running evaluation is never interrupted, so every submit that
-  is not replaced gets a result.
-* `poll(timeout=0)` returns None, or the oldest result not returned yet
-  (each exactly once): version, mode, episodes, scores, lengths (per
-  episode), score_mean, score_std, length_mean, length_std, truncated
-  (episodes cut by max_steps), seconds (wall clock of the evaluation) and
-  frames (uint8 [T, H, W, C] of the first episode when the env renders,
-  `evaluation.frame_key`; else None). An evaluation that raised (e.g. an
-  env failed) gives {'error': '<type>: <message>', 'version': v} instead;
-  the worker then builds its envs anew for the next job.
-* Callables: `env_maker(index) -> Env`, `policy_maker` and `init_fn()`
-  (run first in the
-  worker, before JAX starts: e.g. to register an env suite or set XLA
-  flags) are 'module:function' strings or picklable top-level functions;
-  both are checked in the caller (a lambda or closure is refused there), as
-  the spawned worker can only import them.
-* `EvalWorker.from_name(name, logdir)` connects from any process: the worker
-  writes `<logdir>/eval_workers/<name>.json` (name, addr, pid) once it
-  serves and removes it when it exits; the handle reads it again before
-  every reconnect, so it follows a worker that was restarted under the same
-  name. The token is `token`, else DREAMER_VER_TOKEN, else `<logdir>/token`
-  (never in that file). Such a handle does not own the worker: `close()`
-  disconnects, `shutdown()` still asks the worker to stop. Without a
-  `logdir`, `from_name(name, token=...)` finds a Ray-hosted worker through
-  Ray's named actors (a caller on the cluster, after `ray.init`).
-* `cancel` (an Event, optional): setting it ends the wait for a worker
-  that is still starting (an error), e.g. when the caller shuts down.
-* `PeriodicEvaluation` (below) is the runs' use of it: the agent process
-  submits its newest params every `run.eval_every` seconds and starts a new
-  worker when its worker died.
+  once the job is checked and queued: params that do not fit the worker's
+  policy are an error to the caller; `mode` 'greedy' or 'sample';
+  `max_steps` (0 = none) cuts an episode (counted as truncated); `timeout`
+  (default `run.eval_timeout`) bounds the evaluation. One job runs, at most
+  one waits: a submit replaces the waiting one (returned as `replaced`).
+* `poll(timeout=0)`: None, or the oldest result not returned yet, once:
+  version, mode, episodes, scores, lengths, score_mean, score_std,
+  length_mean, length_std, truncated, seconds and frames (uint8
+  [T, H, W, C] of the first episode when the env renders, else None); or
+  {'error': '<type>: <message>', 'version': v}.
+* `EvalWorker.from_name(name, logdir or token=...)` connects from any
+  process, and follows a worker restarted under that name; it does not own
+  the worker (`close()` disconnects, `shutdown()` still stops it).
+* `PeriodicEvaluation` (below) is the runs' use of it.
 """
 
 import os

@@ -1,59 +1,25 @@
 """The logger service: counts env steps, turns transitions into episodes,
 writes metrics. ``LoggerService`` holds the logic and is usable without
-sockets (``server.py`` serves it):
+sockets (``server.py`` serves it; the design of episodes, resends and
+videos: docs/architecture.md, "The logger").
 
-* ``transitions(trans)`` gets every transition batch the actor serves. Rows of
-  train envs advance the global env step counter (the x-axis of every curve).
-  Rows are grouped per env id into episodes; a finished train episode becomes
-  ``episode/score`` and ``episode/length``, a finished eval episode
-  ``eval_episode/score`` and ``eval_episode/length`` (upstream mixed the two),
-  and each one is a line in ``scores.jsonl`` (with the episode's mean of each
-  scalar ``log/`` key). An episode whose start was not seen, or that was cut
-  by a new ``is_first`` (``parallel/ep_abandoned``), or whose env went silent
-  for ``run.episode_timeout`` seconds, or that has a hole
-  (``parallel/ep_gap``) is never logged. The optional column ``missed`` says
-  how many earlier rows of that env never arrived (the actor's link drops
-  batches rather than wait for a slow logger): their train steps are still
-  counted, and the env's open episode is dropped. A batch stamped with a
-  shipment id (``actor/shipping.py``) whose seq is at or below the newest one
-  counted from its sender is a resend (the client resends its calls in flight
-  after a reconnect) and is ignored. The newest seq per sender is saved with
-  the counters, so a resend of a batch counted before the last save is ignored
-  after a restart too; batches counted after it are lost at a kill, and their
-  resends counted, as before.
-* ``add(metrics)`` gets scalars from the other components; each key is
-  averaged until the next ``write()``. A uint8 array [T, H, W, C] (C 1 or 3)
-  is a video (the learner's open-loop report): the newest per key is kept
-  until the next ``write()``. Other values are ignored.
-* ``write()`` writes the scalars gathered since the last write to every
-  output (``logger/outputs.py``: ``metrics.jsonl`` always, TensorBoard and
-  W&B as ``logger.outputs`` asks) and prints a short progress report. Each
-  video kept becomes ``videos/<name>_<step>.gif`` (``/`` in the name as
-  ``_``, ``logger.fps`` frames per second), sent to every output too.
-  ``scores.jsonl`` and ``metrics.jsonl`` are written whatever the outputs.
-* ``close()`` closes the outputs.
+* ``transitions(trans)`` gets every transition batch the actor serves: rows
+  of train envs advance the env step counter (every curve's x-axis); each
+  finished episode, complete and without a hole, becomes
+  ``episode/score`` and ``episode/length`` (``eval_episode/*`` for an eval
+  env) and a line of ``scores.jsonl``; a batch whose shipment seq was
+  counted already (a resend) is ignored; uint8 columns [N, H, W, C] are
+  recorded as an episode's video now and then (``logger.video_every``).
+* ``add(metrics)`` gets scalars from the other components, each averaged
+  until the next ``write()``, and uint8 videos [T, H, W, C], the newest per
+  key kept; other values are ignored.
+* ``write()`` writes what was gathered to every output (``outputs.py``:
+  ``metrics.jsonl`` always, TensorBoard and W&B as ``logger.outputs``
+  asks), videos as ``videos/<name>_<step>.gif``, and prints a progress line.
+* ``save()`` / ``load()`` keep the counters and the newest seq per sender;
+  ``close()`` closes the outputs.
 
-Episode videos: every uint8 column [N, H, W, C] (C 1 or 3) of ``transitions``
-is a video of the episode (upstream recorded image keys the same way). In
-practice these are image observations: the envs the actor serves never render
-``log/`` frames (``Env.render_frames``, which nobody turns on for them), so
-videos of rendered frames (dmc's ``log/image``) come from the eval worker
-instead (``run.eval_every``, logged as ``eval/video``). One episode at a time
-is recorded: once ``logger.video_every`` seconds have passed since the last
-video ended, the next episode that starts in an eval env keeps its first
-``logger.video_length`` frames (eval episodes show the policy as it is
-evaluated); until an eval row has arrived, as in a run without eval envs, a
-train env's episode qualifies too. When the recorded episode ends, its frames
-become the video ``eval_episode/<key>`` (``episode/<key>`` for a train
-episode). A recorded episode that is dropped (see above) leaves no video, and
-the next episode that qualifies is recorded instead. Frames are copied out of
-the batch, so the logger holds at most one episode's frames plus the videos of
-one write.
-
-Lengths exclude the reset step (the first row of an episode holds the reset
-observation, not a step taken by the policy); scores include its reward (as
-upstream; it is zero for the envs here).
-
+Lengths exclude the reset step; scores include its reward (as upstream).
 This module imports neither JAX nor the agent.
 """
 

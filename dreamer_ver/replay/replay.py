@@ -1,57 +1,32 @@
 """The replay buffer: stores steps per worker, samples fixed-length sequences.
 
-Storage
-  Each worker (an env id, say) writes into its own chain of chunks (see
-  ``chunk.py``). Every stored step gets a ``stepid``: the 16 uuid bytes of its
-  chunk followed by its row index as 4 big-endian bytes (uint8[20]). Step ids
-  let the learner address rows later (``update``).
-
-Items
-  An item is a sequence of ``length`` consecutive steps of one worker,
-  identified by its first step. Items overlap (a sliding window with stride
-  one): once a worker has written ``length`` steps past some step, that step
-  becomes the start of a new item. The window may run past the end of its
-  chunk into the successor chunks.
-
-Capacity
-  ``capacity`` bounds the number of items (close to the number of steps).
-  Inserting into a full buffer first removes the oldest item (FIFO). A chunk
-  is freed once nothing refers to it any more, and if it was saved, its file
-  is deleted.
-
-  What refers to a chunk: each item that starts in it, each step of it that
-  is not an item start yet (the newest ``length - 1`` steps of a worker), the
-  worker that is still writing into it, and its predecessor in the chain
-  while that predecessor is alive (items of the predecessor may extend into
-  it).
-
-Online queue
-  With ``online=True`` every ``length``-th item of each worker (the item
-  starting at worker step 0, ``length``, ``2 * length``, ...) is also queued,
-  and ``sample(mode='train')`` takes queued items first. So every
-  non-overlapping sequence of fresh data is trained on at least once; the
-  selector is used when the queue is empty.
-
-Files
-  With a ``directory``, ``save`` writes each chunk to one file (only chunks
-  that are new, grew, got a successor or were updated since their last
-  write), and freeing a chunk deletes its file, so the directory holds about
-  what the buffer holds (upstream never deleted chunk files). ``load``
-  restores the newest items, in their original order. (``persistence.py``)
-
-  Steps added since the last save live in the replay server's write-ahead
-  log (``wal.py``), named by their row times (``add`` returns it; unique,
-  and kept in chunk files). After a load, ``row_times`` says which logged
-  steps the files already held, and ``restore`` re-adds the others under
-  their original times, so a later recovery recognises them again.
-
-Threads
-  All bookkeeping happens under one lock, so ``add``, ``sample``, ``update``,
-  ``save`` and ``load`` may be called from different threads. ``sample``
-  copies the rows outside the lock: rows of a chunk never move and freed chunks
-  are not reused, so only a concurrent ``update`` of the same rows can be seen
-  half-applied. Files are written and deleted on one background thread, in
-  the order the work was requested.
+* Storage: each worker (an env id, say) writes into its own chain of chunks
+  (``chunk.py``). Every stored step gets a ``stepid`` (uint8[20]: its
+  chunk's 16 uuid bytes, then its row index as 4 big-endian bytes), by
+  which the learner addresses rows later (``update``).
+* Items: an item is a sequence of ``length`` consecutive steps of one
+  worker, named by its first step; items overlap (stride one) and may run
+  past the end of their chunk into its successors.
+* Capacity: ``capacity`` bounds the items (about the steps); inserting into
+  a full buffer removes the oldest item first (FIFO). A chunk is freed, and
+  its file deleted, once no item, pending step, writing worker or live
+  predecessor refers to it.
+* Online queue (``online=True``): every ``length``-th item of each worker is
+  also queued, and ``sample(mode='train')`` takes queued items first, so
+  every non-overlapping sequence of fresh data is trained on at least once.
+* Files (with a ``directory``): ``save`` writes each chunk that changed
+  since its last write to one file (``persistence.py``); freeing a chunk
+  deletes its file (upstream never did); ``load`` restores the newest
+  items in their order. Steps added since the last save live in the
+  replay server's write-ahead log (``wal.py``) under their row times
+  (``add`` returns one; unique, kept in chunk files): after a load,
+  ``row_times`` says which logged steps the files already hold, and
+  ``restore`` re-adds the others under their original times.
+* Threads: ``add``, ``sample``, ``update``, ``save`` and ``load`` may run
+  on different threads (one lock for the bookkeeping; ``sample`` copies rows
+  outside it, where only a concurrent ``update`` of the same rows can be
+  seen half-applied). Files are written and deleted on one background
+  thread, in the order asked.
 """
 
 import collections

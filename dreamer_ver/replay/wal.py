@@ -1,60 +1,31 @@
-"""A write-ahead log: records that must survive a kill between checkpoints.
+"""A write-ahead log: records that must survive a kill between checkpoints
+(the replay service's use of it and its crash windows: docs/architecture.md,
+"The write-ahead log").
 
-The replay server (``replay/server.py``) logs what it stores so that
-every row it acknowledged is back after a SIGKILL, not only the rows of its
-last checkpoint.
+  log = WriteAheadLog(folder, mode)  # mode: 'flush', 'fsync' or 'off'
+  log.append(record)                 # a flat dict of numpy arrays, buffered
+  log.commit()                       # to the OS ('flush'), or to disk ('fsync')
+  log.recover(covered)               # the records of segments >= covered
+  generation = log.rotate()          # at a checkpoint: later records are not in it
+  log.drop_before(generation)        # once that checkpoint is on disk
 
-What is logged
-  Records: flat dicts of numpy arrays (numbers become 0-d arrays). The
-  replay server writes two kinds: the rows of one ``add_batch`` it stored
-  (env id, is_eval, the columns, the row time each got from ``Replay.add``,
-  which names the row for good, how many of them the limiter counted, and
-  the batch's shipment id with how many of its rows are stored so far),
-  and the number of train sequences the limiter counted for a sample.
+Format: a folder of segments ``{generation:012d}.wal``, numbered in the
+order they were written; each record is an 8-byte little-endian payload
+length, the payload's CRC32 (4 bytes) and the payload (a 4-byte header
+length, a msgpack header with each array's key, dtype and shape, then the
+arrays' bytes: about 10 us a record, where portal's ``packlib``, which
+walks nested trees, takes 45). Only a segment's end can be torn: a write
+that fails abandons its segment, and later records go to the next one.
+``recover`` ends a segment at a record cut short or failing its checksum
+(it was never acknowledged) and appends to a segment numbered after all of
+them, so a crash during or after a recovery finds the same records again.
+Mode ``flush`` survives a kill of the process, ``fsync`` a power loss too
+(it also fsyncs the folder when a segment is created, and syncs the file
+systems before ``drop_before``), ``off`` writes nothing.
 
-Format
-  The log is a folder of segments, ``{generation:012d}.wal``, numbered in
-  the order they were written. A segment is a sequence of records, each an
-  8-byte little-endian payload length, the payload's CRC32 (4 bytes) and
-  the payload: a 4-byte header length, the header (msgpack: key, dtype and
-  shape of each array) and the arrays' bytes. (portal's ``packlib``, which
-  the wire uses, walks nested trees: about 45 us per record of a batch, most
-  of the log's cost; this takes about 10.) Only the end of a segment can be
-  torn: a write that fails abandons its segment, later records go to the
-  next.
-
-When it is flushed
-  ``commit`` hands the buffered records to the operating system, which the
-  replay server does before it replies to ``add_batch``. Mode ``flush``
-  stops there: the rows survive a kill of the process, not of the machine.
-  ``fsync`` also fsyncs the segment (and the folder when a segment is
-  created): they survive a power loss too, at the cost of a disk round trip
-  per batch. ``off`` writes nothing: a kill loses the rows since the last
-  checkpoint.
-
-Recovery
-  ``recover(covered)`` deletes the segments older than ``covered`` (the
-  checkpoint holds their records) and returns the records of the others,
-  oldest first. A record that is cut short or fails its checksum ends its
-  segment: it was being written when the process died, so it was never
-  acknowledged. Later records go to a segment numbered after all of them,
-  so a crash during or after a recovery finds the same records again.
-
-Truncation
-  At a checkpoint the owner calls ``rotate``, under the same lock as its
-  appends, and records the number it returns in the checkpoint: records
-  appended before it are in the checkpoint's state, later ones are not.
-  Once the checkpoint is on disk, ``drop_before`` deletes the older
-  segments (``fsync`` mode first syncs the file systems, so the checkpoint
-  is durable before the log that it replaces goes).
-
-Crash windows, case by case: ``docs/architecture.md`` (the write-ahead
-log).
-
-Threads
-  Not thread-safe: the owner serializes ``append``, ``commit``, ``rotate``
-  and ``close``. ``drop_before`` only deletes older segments, so it may run
-  alongside appends.
+Not thread-safe: the owner serializes ``append``, ``commit``, ``rotate``
+and ``close``; ``drop_before`` only deletes older segments, so it may run
+alongside appends.
 """
 
 import logging
