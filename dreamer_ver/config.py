@@ -20,9 +20,15 @@ Overrides are strict: an unknown key, a regex that matches nothing, a group
 given a single value, or a value of the wrong type raises :class:`ConfigError`
 with a one-line message that names the key and where the value came from.
 Ints are accepted for float keys and whole-number floats (``1e4``) for int
-keys; nothing else is converted. These checks of single values, and the
-ranges and cross-key constraints of a composed config (``validate``, which
-``load_config`` runs), live in ``validation.py``.
+keys; nothing else is converted. Flag values are parsed by
+``elements.Flags``; which keys a flag names is decided here (elements
+returns an unknown flag without a hint and knows no short names such as
+``--from_checkpoint``), and blocks are applied here (``Config.update``
+matches a regex key by its prefix and converts any value with its old
+type's constructor: ``bool('False')`` is True).
+The checks of single values, and the ranges and cross-key constraints of a
+composed config (``validate``, which ``load_config`` runs), live in
+``validation.py``.
 
 Every key of ``defaults.yaml`` has a trailing ``# comment`` on its line, its
 one-line meaning; :func:`meanings` reads them for ``--help``.
@@ -33,7 +39,6 @@ This module must stay light: it never imports JAX.
 import datetime
 import difflib
 import importlib.resources
-import math
 import os
 import re
 from pathlib import Path
@@ -196,47 +201,28 @@ def _targets(flat, key, where):
   raise ConfigError(f"{where}: unknown config key '{key}'{hint}")
 
 
-_BOOLS = {'True': True, 'true': True, 'False': False, 'false': False}
-
-
 def _parse_text(old, texts, key, where):
-  """Converts flag strings to the type of ``old``."""
-  if isinstance(old, tuple):
-    if len(texts) == 1 and ',' in texts[0]:
-      texts = [t for t in texts[0].split(',') if t != '']
-    if not texts:
-      raise ConfigError(f"{where}: config key '{key}' needs at least one value")
-    return tuple(_parse_text(old[0], [t], key, where) for t in texts)
-  if len(texts) != 1:
+  """Converts flag strings to the type of ``old`` with ``elements.Flags``
+  (a list from several values or one comma-separated value, ``1e4`` as an
+  int, booleans as True or False); a value it refuses is our one-line
+  error."""
+  if not isinstance(old, tuple) and len(texts) != 1:
     raise ConfigError(
         f"{where}: config key '{key}' expects a single {typename(old)}, "
         f"got {len(texts)} values: {' '.join(texts)}")
-  text = texts[0]
-  def fail():
+  try:
+    parsed, _ = elements.Flags({key: old}).parse_known([f'--{key}', *texts])
+    value = parsed[key]
+  except (TypeError, ValueError, KeyError, OverflowError):
+    value = None
+  if value is None or value == () or (
+      isinstance(old, tuple) and '' in value):
+    shown = ' '.join(texts)
+    expected = typename(old) + (' (True or False)' if isinstance(
+        old, bool) else '')
     raise ConfigError(
-        f"{where}: config key '{key}' expects {typename(old)}, got '{text}'")
-  if isinstance(old, bool):
-    if text not in _BOOLS:
-      fail()
-    return _BOOLS[text]
-  if isinstance(old, int):
-    try:
-      return int(text)
-    except ValueError:
-      pass
-    try:
-      value = float(text)
-    except ValueError:
-      fail()
-    if not (math.isfinite(value) and value.is_integer()):
-      fail()
-    return int(value)
-  if isinstance(old, float):
-    try:
-      return float(text)
-    except ValueError:
-      fail()
-  return text
+        f"{where}: config key '{key}' expects {expected}, got '{shown}'")
+  return value
 
 
 def _apply(flat, pairs, where, text=False):
