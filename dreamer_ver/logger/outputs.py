@@ -25,6 +25,12 @@
 An output whose package is missing fails to build with an ImportError that
 names the pip extra to install, rather than silently writing nothing.
 
+Why not ``elements.logger``'s outputs: its ``JSONLOutput`` prints a line at
+every write and drops Python floats, its ``TensorBoardOutput`` needs
+TensorFlow, its ``WandBOutput`` encodes videos as mp4 (moviepy) and its GIF
+encoder runs ffmpeg; these write the same files with the packages already
+installed and a quiet terminal.
+
 Nothing here is thread-safe: the logger calls its outputs from one thread.
 """
 

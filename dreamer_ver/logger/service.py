@@ -19,6 +19,8 @@ videos: docs/architecture.md, "The logger").
 * ``save()`` / ``load()`` keep the counters and the newest seq per sender;
   ``close()`` closes the outputs.
 
+Metrics are aggregated with ``elements.Agg``; the progress line is ours
+(``elements.logger.TerminalOutput`` prints a table of every metric).
 Lengths exclude the reset step; scores include its reward (as upstream).
 This module imports neither JAX nor the agent.
 """
@@ -33,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+import elements
 import numpy as np
 
 from dreamer_ver.atomic import write_json
@@ -101,8 +104,7 @@ class LoggerService:
     self._episodes_done = {'train': 0, 'eval': 0}
     self._open = {}  # envid -> _Episode
     self._shipments = {}  # sender -> seq of its newest shipment counted
-    self._means = collections.defaultdict(lambda: [0.0, 0])  # key -> [sum, n]
-    self._counts = collections.Counter()  # parallel/* counters per write
+    self._agg = elements.Agg()  # metrics (means) and parallel/* (sums)
     self._latest = {}  # 'score', 'eval_score', 'fps/train' -> last value
     self._videos = {}  # name -> uint8 [T, H, W, C], the newest until a write
     self._recording = None  # (envid, _Episode) whose frames are kept
@@ -158,12 +160,12 @@ class LoggerService:
           if not evaluating:
             self._step += int(missed[i])
           if self._open.pop(envid, None) is not None:
-            self._counts['parallel/ep_gap'] += 1
+            self._count('parallel/ep_gap')
         episode = self._open.get(envid)
         if is_first[i]:
-          self._counts['parallel/ep_starts'] += 1
+          self._count('parallel/ep_starts')
           if episode is not None:  # It never saw is_last: a half episode.
-            self._counts['parallel/ep_abandoned'] += 1
+            self._count('parallel/ep_abandoned')
           episode = self._open[envid] = _Episode(evaluating, now)
           if images and self._should_record(evaluating, now):
             episode.frames = {key: [] for key in images}
@@ -183,7 +185,7 @@ class LoggerService:
             if len(frames) < self.video_length:
               frames.append(values[i].copy())  # Not a view: frees the batch.
         if is_last[i]:
-          self._counts['parallel/ep_ends'] += 1
+          self._count('parallel/ep_ends')
           del self._open[envid]
           self._finish(envid, episode, now)
       self._expire(now)
@@ -230,7 +232,7 @@ class LoggerService:
         envid for envid, episode in self._open.items()
         if now - episode.updated >= self.timeout]:
       del self._open[envid]
-      self._counts['parallel/ep_timeout'] += 1
+      self._count('parallel/ep_timeout')
 
   def _check(self, trans):
     """(required columns, scalar log/ columns, image columns), or
@@ -278,9 +280,10 @@ class LoggerService:
     return {}
 
   def _mean(self, key, value):
-    entry = self._means[key]
-    entry[0] += value
-    entry[1] += 1
+    self._agg.add(key, value, agg='avg')
+
+  def _count(self, key):
+    self._agg.add(key, 1, agg='sum')
 
   def write(self):
     """Writes the metrics and videos gathered since the last write; returns
@@ -289,16 +292,14 @@ class LoggerService:
     with self._lock:
       now = self.clock()
       self._expire(now)
-      scalars = {key: total / n for key, (total, n) in self._means.items()}
-      scalars.update(self._counts)
+      scalars = {key: np.asarray(value).item()
+                 for key, value in self._agg.result(reset=True).items()}
       videos, self._videos = self._videos, {}
       last_step, last_time = self._last_write
       if self._step == last_step and not scalars and not videos:
         return None
       fps = (self._step - last_step) / max(now - last_time, 1e-9)
       step = self._step
-      self._means.clear()
-      self._counts.clear()
       self._last_write = (step, now)
       latest = dict(self._latest)
       episodes = self._episodes_done['train']
