@@ -48,12 +48,12 @@ Only `draw` needs matplotlib (the `plot` extra); the rest is pure.
 """
 
 import argparse
-import gzip
 import importlib.resources
 import json
 import sys
 from pathlib import Path
 
+import elements
 import numpy as np
 
 # DreamerV3's published scores (MIT, from danijar/dreamerv3's scores/),
@@ -141,8 +141,7 @@ def reference_path(name):
 
 def load_reference(name):
   """The list of reference runs {task, method, seed, xs, ys}."""
-  with reference_path(name).open('rb') as raw, gzip.open(raw, 'rt') as f:
-    return json.load(f)
+  return elements.plotting.load(reference_path(name))
 
 
 def reference_task(task):
@@ -199,7 +198,9 @@ def bin_edges(xmax, bins):
 def bin_scores(steps, scores, edges):
   """Mean score per bin, NaN for bins without episodes. Bin k holds the
   episodes with edges[k] <= step < edges[k+1] (the last bin includes its
-  right edge); episodes outside the edges are ignored."""
+  right edge); episodes outside the edges are ignored. (Not
+  `elements.plotting.binning`: it counts an episode on an edge in both
+  bins.)"""
   steps, scores = np.asarray(steps, float), np.asarray(scores, float)
   nbins = len(edges) - 1
   index = np.searchsorted(edges, steps, side='right') - 1
