@@ -24,9 +24,9 @@ from pathlib import Path
 from dreamer_ver.validation import ConfigError
 
 # A suite's extra, by the module whose absence means it is not installed.
-EXTRAS = {'dm_control': 'dmc', 'mujoco': 'dmc', 'ale_py': 'atari',
-          'crafter': 'crafter', 'pygame': 'gym', 'memory_maze': 'memmaze',
-          'gym': 'memmaze'}
+EXTRAS = {'dm_control': 'dmc', 'mujoco': 'dmc', 'labmaze': 'dmc',
+          'ale_py': 'atari', 'crafter': 'crafter', 'pygame': 'gym',
+          'memory_maze': 'memmaze', 'gym': 'memmaze'}
 PLATFORM_SECONDS = 120  # a first JAX import on a cold machine
 
 

@@ -46,6 +46,7 @@ _SUITES = {
     'crafter': 'dreamer_ver.envs.crafter:Crafter',
     'pinpad': 'dreamer_ver.envs.pinpad:PinPad',
     'memmaze': 'dreamer_ver.envs.memmaze:MemoryMaze',
+    'loconav': 'dreamer_ver.envs.loconav:LocoNav',
     'synthetic': 'dreamer_ver.envs.synthetic:Synthetic',
 }
 _entry_points_loaded = False

@@ -46,20 +46,12 @@ class DMC(base.Env):
     self._image_key = 'image' if image else ('log/image' if log_image else None)
     self._rendering = bool(image)  # The agent's image is always rendered.
     self._done = True
-    # dm_control key -> our key, for the non-empty proprio entries.
-    self._keys = {}
-    if proprio:
-      for key, spec in self._env.observation_spec().items():
-        if int(np.prod(spec.shape)) > 0:
-          ours = key.replace('/', '_')
-          self._keys[key] = 'obs_reward' if ours == 'reward' else ours
+    self._keys = proprio_keys(self._env.observation_spec()) if proprio else {}
 
   @property
   def obs_space(self):
     specs = self._env.observation_spec()
-    spaces = {
-        ours: elements.Space(np.float32, (int(np.prod(specs[key].shape)),))
-        for key, ours in self._keys.items()}
+    spaces = proprio_spaces(specs, self._keys)
     if self._image_key:
       spaces[self._image_key] = elements.Space(np.uint8, self._size + (3,))
     return {**spaces, **base.basic_obs_space()}
@@ -96,13 +88,35 @@ class DMC(base.Env):
 
   def _obs(self, step, reward, is_first=False, is_last=False,
            is_terminal=False):
-    obs = {
-        ours: np.asarray(step.observation[key], np.float32).reshape(-1)
-        for key, ours in self._keys.items()}
+    obs = proprio_obs(step.observation, self._keys)
     if self._rendering:
       obs[self._image_key] = self._env.physics.render(
           *self._size, camera_id=self._camera)
     return {**obs, **base.basic_obs(reward, is_first, is_last, is_terminal)}
+
+
+def proprio_keys(specs, skip=()):
+  """dm_control key -> our key, for the non-empty entries of an observation
+  spec but those in `skip` (``/`` becomes ``_``; ``reward`` becomes
+  ``obs_reward``)."""
+  keys = {}
+  for key, spec in specs.items():
+    if key not in skip and int(np.prod(spec.shape)) > 0:
+      ours = key.replace('/', '_')
+      keys[key] = 'obs_reward' if ours == 'reward' else ours
+  return keys
+
+
+def proprio_spaces(specs, keys):
+  """A float32 vector space per key of `proprio_keys`."""
+  return {ours: elements.Space(np.float32, (int(np.prod(specs[key].shape)),))
+          for key, ours in keys.items()}
+
+
+def proprio_obs(observation, keys):
+  """The observation's entries as flat float32 vectors, under our keys."""
+  return {ours: np.asarray(observation[key], np.float32).reshape(-1)
+          for key, ours in keys.items()}
 
 
 def _split(task, all_tasks, aliases):

@@ -10,6 +10,7 @@ from dreamer_ver import main as mainlib
 SUITES = {
     'pinpad_three': ['--env.pinpad.length', '20'],
     'memmaze_9x9': [],
+    'loconav_ant_maze_s': ['--env.loconav.length', '30'],
 }
 
 
@@ -17,6 +18,8 @@ SUITES = {
 def test_a_debug_run_trains_on_the_suite(task, tmp_path):
   if task.startswith('memmaze'):
     pytest.importorskip('memory_maze')
+  if task.startswith('loconav'):
+    pytest.importorskip('dm_control')
   logdir = tmp_path / task
   assert mainlib.main([
       '--script', 'train', '--configs', 'debug', '--task', task,
@@ -26,6 +29,9 @@ def test_a_debug_run_trains_on_the_suite(task, tmp_path):
   assert counters['steps'] == 120 and counters['version'] > 0, counters
   rows = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
   assert any('train/loss/image' in row for row in rows)  # a decoder of frames
+  scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
   if task.startswith('pinpad'):  # 20-step episodes: 2 envs finish several
-    scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
     assert len(scores) >= 4 and all(s['length'] == 20 for s in scores)
+  if task.startswith('loconav'):  # 30-step episodes, their coverage logged
+    assert len(scores) >= 2 and all(s['length'] == 30 for s in scores)
+    assert all(s['log/coverage'] >= 1 for s in scores), scores
