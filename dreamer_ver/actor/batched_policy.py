@@ -150,7 +150,10 @@ class BatchedPolicy:
     table, runs the policy and scatters the new carries back. Returns `out`
     on the device; the caller holds `lane.lock` if other threads serve the
     lane."""
-    if lane.device is not None:
+    if lane.device is not None and self.store is None and not self.carries:
+      # Else the lane's committed params and carries pin the step to its
+      # device, and jit copies the host's arrays there itself: a device_put
+      # of the obs first costs more than the step on a CPU (bench/README.md).
       obs = jax.device_put(obs, lane.device)
     lane.table, out = self._step(lane.table, slots, params, obs, key)
     return out
