@@ -113,9 +113,10 @@ def stage_commands(stage, args, out):
   if stage == 'learner':
     command = py + [str(BENCH / 'learner_bench.py'), '--out',
                     str(out / 'learner.json')]
-    if smoke:
+    if smoke:  # Without the floor, as on the GPU.
       command += ['--sizes', 'size1m', '--dtypes', 'float32', '--batch', '2',
-                  '--length', '4', '--steps', '1', '--rounds', '1']
+                  '--length', '4', '--steps', '1', '--rounds', '1',
+                  '--no-floor']
     else:
       command += ['--sizes', *LEARNER_SIZES, '--dtypes', 'bfloat16',
                   '--steps', '5', '--rounds', '2', '--no-floor']
@@ -316,7 +317,7 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   if args.smoke:
     os.environ['JAX_PLATFORMS'] = 'cpu'
-    args.learning_minutes = min(args.learning_minutes, 0.5)
+    args.learning_minutes = min(args.learning_minutes, 0.25)
   args.logdir = args.logdir or tempfile.mkdtemp(prefix='gpu_learning_')
   work = Path(tempfile.mkdtemp(prefix='gpu_bench_'))
   records = []

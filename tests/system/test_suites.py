@@ -29,9 +29,11 @@ def test_a_debug_run_trains_on_the_suite(task, tmp_path):
   assert counters['steps'] == 120 and counters['version'] > 0, counters
   rows = [json.loads(line) for line in (logdir / 'metrics.jsonl').open()]
   assert any('train/loss/image' in row for row in rows)  # a decoder of frames
-  scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
-  if task.startswith('pinpad'):  # 20-step episodes: 2 envs finish several
-    assert len(scores) >= 4 and all(s['length'] == 20 for s in scores)
-  if task.startswith('loconav'):  # 30-step episodes, their coverage logged
-    assert len(scores) >= 2 and all(s['length'] == 30 for s in scores)
+  if task.startswith(('pinpad', 'loconav')):  # Short episodes: several end.
+    scores = [json.loads(line) for line in (logdir / 'scores.jsonl').open()]
+    length = {'pinpad': 20, 'loconav': 30}[task.split('_')[0]]
+    assert len(scores) >= 2 and all(s['length'] == length for s in scores)
+  if task.startswith('pinpad'):
+    assert len(scores) >= 4
+  if task.startswith('loconav'):  # Its coverage reaches scores.jsonl.
     assert all(s['log/coverage'] >= 1 for s in scores), scores
