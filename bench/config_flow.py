@@ -216,8 +216,8 @@ def measure(rev, script):
   for _, root in walk.returns:
     by_target[root] = by_target.get(root, 0) + 1
   if rev != '.':
-    rev = subprocess.run(['git', 'rev-parse', '--short', rev],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    rev = subprocess.run(['git', 'rev-parse', '--short', rev], text=True,
+                         capture_output=True, check=True).stdout.strip()
   return {'rev': rev, 'modules': len(set(walk.entered)),
           'entries': len(walk.entered), 'returns': len(walk.returns),
           'returns_by_launched_target': by_target,

@@ -6,7 +6,7 @@
   log.append(record)                 # a flat dict of numpy arrays, buffered
   log.commit()                       # to the OS ('flush'), or to disk ('fsync')
   log.recover(covered)               # the records of segments >= covered
-  generation = log.rotate()          # at a checkpoint: later records are not in it
+  generation = log.rotate()          # at a checkpoint; later records: not in it
   log.drop_before(generation)        # once that checkpoint is on disk
 
 Format: a folder of segments ``{generation:012d}.wal``, numbered in the

@@ -79,8 +79,8 @@ def test_every_learner_stops_with_process_0_and_restarts_if_its_agent_failed():
   config = small_config(batch_size=4)
   agent = Agent(*vector_spaces(), config)
   state = agent.init_state(agent.init_params(0), 0)
-  learner = Learner(agent, state, None, Options.of(config), replay=Replay(), logger=None,
-                    ckpt=None, counters={'version': 0})
+  learner = Learner(agent, state, None, Options.of(config), replay=Replay(),
+                    logger=None, ckpt=None, counters={'version': 0})
   sent = []
 
   def gather_with(other, first):
@@ -130,8 +130,9 @@ def test_the_learner_reports_each_updates_device_time_to_the_decider():
   agent = Agent(*vector_spaces(), config)
   state = agent.init_state(agent.init_params(0), 0)
   times, counters = [], {'version': 0}
-  learner = Learner(agent, state, None, Options.of(config), replay=Batches(), logger=None,
-                    ckpt=None, counters=counters, on_update=times.append)
+  learner = Learner(agent, state, None, Options.of(config), replay=Batches(),
+                    logger=None, ckpt=None, counters=counters,
+                    on_update=times.append)
 
   def update(batch):
     assert batch == {'rows': 4}
