@@ -11,9 +11,14 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
 
   stack     GPU name, memory and driver (nvidia-smi), Python and the
             versions of jax, jaxlib, flax, optax, numpy, `jax.devices()`
-  learner   ms per update, FLOPs and fraction of the bf16 matmul peak at
-            size12m, size50m, size200m (`learner_bench.py`, without the
-            matmul floor: one compile per product is minutes on a GPU)
+  learner   updates/s at size12m and size1m, bfloat16 and float32, of the
+            base update and each faster variant (unrolled scans, K updates
+            fused in one call), upstream DreamerV3 beside them where
+            `--upstream` names its source, the top ops of a traced update;
+            then the best variants under XLA flags that cut launch gaps
+            (`XLA_FLAGS` per command, so each is its own process)
+            (`learner_bench.py`, without the matmul floor: one compile per
+            product is minutes on a GPU)
   overhead  per-batch host overhead of the actor against the bare jitted
             step at each padded bucket (`overhead_bench.py`)
   actor     the actor bench's `fast` fleet (dm_control cartpole, about
@@ -55,7 +60,18 @@ TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
          'tests/system/test_data_parallel.py', 'tests/actor/test_recompile.py',
          'tests/cluster/test_devices.py')
 ACTOR_ENVS = (16, 64, 256)
-LEARNER_SIZES = ('size12m', 'size50m', 'size200m')
+LEARNER_SIZES = ('size12m', 'size1m')
+LEARNER_VARIANTS = ('base', 'unroll4', 'unroll16', 'fuse8', 'unroll16-fuse8')
+# XLA:GPU options that may cut the gaps between the update's many small
+# kernels, each run as its own learner_bench process: command buffers (CUDA
+# graphs) on by default cover fusions and library calls but not the scans'
+# while loops, whose every trip goes back to the host. XLA aborts on a
+# flag it does not know: that command fails alone.
+XLA_FLAG_SETS = {
+    'cmdbuf_while': '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,'
+                    'CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE '
+                    '--xla_gpu_graph_min_graph_size=1',
+}
 
 STACK = r'''
 import json, platform, subprocess, sys
@@ -111,18 +127,7 @@ def stage_commands(stage, args, out):
           '--out', str(out / f'actor_{envs}.json')], 180 if smoke else 300))
     return commands
   if stage == 'learner':
-    command = py + [str(BENCH / 'learner_bench.py'), '--out',
-                    str(out / 'learner.json')]
-    if smoke:  # Without the floor, as on the GPU.
-      command += ['--sizes', 'size1m', '--dtypes', 'float32', '--batch', '2',
-                  '--length', '4', '--steps', '1', '--rounds', '1',
-                  '--no-floor']
-    else:
-      command += ['--sizes', *LEARNER_SIZES, '--dtypes', 'bfloat16',
-                  '--steps', '5', '--rounds', '2', '--no-floor']
-    if args.upstream:
-      command += ['--upstream', *args.upstream]
-    return [(command, 120 if smoke else 420)]
+    return learner_commands(args, out)
   if stage == 'learning':
     seconds = args.learning_minutes * 60
     configs = ['debug'] if smoke else ['dmc_proprio']
@@ -136,6 +141,36 @@ def stage_commands(stage, args, out):
   raise ValueError(stage)
 
 
+def learner_commands(args, out):
+  """One learner_bench per size (variants and upstream), then one per XLA
+  flag set (base and the fused, unrolled variant at size12m bfloat16); each
+  writes its JSON after every round, so a deadline keeps its rounds."""
+  bench = [sys.executable, str(BENCH / 'learner_bench.py'), '--no-floor']
+  if args.smoke:  # tiny, on the CPU: every kind of command once
+    shape = ['--batch', '2', '--length', '4', '--steps', '2', '--rounds', '1']
+    sizes, dtypes, flags = ['size1m'], ['float32'], {'none': ''}
+    variants = ['base', 'unroll2', 'fuse2']
+  else:
+    shape = ['--steps', '8', '--rounds', '2']
+    sizes, dtypes, flags = LEARNER_SIZES, ['bfloat16', 'float32'], XLA_FLAG_SETS
+    variants = list(LEARNER_VARIANTS)
+  upstream = ['--upstream', args.upstream] if args.upstream else []
+  if args.upstream and args.upstream_site:
+    upstream += ['--upstream_site', args.upstream_site]
+  commands = []
+  for size in sizes:
+    commands.append((bench + shape + [
+        '--sizes', size, '--dtypes', *dtypes, '--variants', *variants,
+        '--profile', *upstream, '--out', str(out / f'learner_{size}.json')],
+        120 if args.smoke else 200 if size == sizes[0] else 120))
+  for name, value in flags.items():
+    commands.append((bench + shape + [
+        '--sizes', sizes[0], '--dtypes', dtypes[0], '--variants', 'base',
+        variants[-1], '--out', str(out / f'learner_xla_{name}.json')],
+        120 if args.smoke else 100, {'XLA_FLAGS': value}))
+  return commands
+
+
 def run_stage(stage, args, out, work):
   """Runs a stage's commands under their deadlines (their files go to
   `work`, their output to `out/gpu.log`); returns its record."""
@@ -145,11 +180,14 @@ def run_stage(stage, args, out, work):
     env['JAX_PLATFORMS'] = ''  # JAX's default backend: the GPU
   start = time.monotonic()
   with open(out / 'gpu.log', 'a') as log:
-    for command, seconds in stage_commands(stage, args, work):
+    for command, seconds, *extra in stage_commands(stage, args, work):
       shown = ' '.join(c if len(c) < 200 else '<script>' for c in command)
+      if extra:
+        shown = ' '.join(f'{k}={v}' for k, v in extra[0].items()) + ' ' + shown
       print(f'[{stage}] {shown}', file=log, flush=True)
       began = time.monotonic()
-      proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
+      proc = subprocess.Popen(command, cwd=ROOT, env={**env, **(extra or [{}])[0]},
+                              stdout=log,
                               stderr=subprocess.STDOUT,
                               start_new_session=True)
       try:
@@ -191,6 +229,11 @@ def collect(stage, args, out):
     return rows
   if stage == 'learning':
     return learning_scores(args)
+  if stage == 'learner':
+    runs = {}
+    for path in sorted(out.glob('learner_*.json')):
+      runs[path.stem[len('learner_'):]] = json.loads(path.read_text())
+    return runs
   path = out / f'{stage}.json'
   return json.loads(path.read_text()) if path.exists() else {}
 
@@ -261,25 +304,41 @@ def section(stage, res):
           f"{_num(r['batch_mean'])} | {_num(r['policy_ms_mean'])} |")
     return rows
   if stage == 'learner':
-    peaks = res.get('matmul_peak_gflop_per_s', {})
-    rows = [f"device {res.get('device')}; matmul peak "
-            f"({res.get('matmul_peak_n')}^2 dots) "
-            + ', '.join(f'{d} {p / 1e3:.1f} TFLOP/s' for d, p in peaks.items()),
-            '', '| size | dtype | params | ms/update | GFLOP/update | TFLOP/s '
-            '| of peak | floor ms | x floor | x upstream |',
-            '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
-    for r in res.get('rows', []):
-      rows.append(
-          f"| {r['size']} | {r['dtype']} | {r['params'] / 1e6:.1f}M | "
-          f"{'-'.join(str(t) for t in r['ms_per_update'])} | "
-          f"{r['gflop_per_update']} | {r['gflop_per_s'] / 1e3:.2f} | "
-          f"{r['fraction_of_matmul_peak']} | {r['matmul_floor_ms']} | "
-          f"{r['x_floor']} | {r.get('speedup_vs_upstream', '')} |")
-    return rows
+    return learner_section(res)
   if stage == 'learning':
     return [f"{res['episodes']} episodes, last at step {res['last_step']}", '',
             res['table']]
   return ['```', json.dumps(res, indent=1), '```']
+
+
+def learner_section(runs):
+  """One table of every learner_bench command's rows, then each traced
+  update's top ops."""
+  rows = ['| run | size | dtype | variant | ms/update | updates/s | x base | '
+          'TFLOP/s | of peak | x upstream |',
+          '| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+  profiles = []
+  for run, res in runs.items():
+    for r in res.get('rows', []):
+      rows.append(
+          f"| {run} | {r['size']} | {r['dtype']} | {r['variant']} | "
+          f"{'-'.join(str(t) for t in r['ms_per_update'])} | "
+          f"{r['updates_per_s']} | {r['x_base']} | "
+          f"{r['gflop_per_s'] / 1e3:.2f} | {r['fraction_of_matmul_peak']} | "
+          f"{r.get('speedup_vs_upstream', '')} |")
+      if 'profile' in r:
+        p = r['profile']
+        profiles += ['', f"{r['size']} {r['dtype']}: {p['where']} ops, "
+                     f"{p['traced_ms_per_update']} ms traced per update; top:"]
+        profiles += [f'- {ms} ms, {calls} calls: `{name[:80]}`'
+                     for name, ms, calls in p['ops']]
+  first = next(iter(runs.values()), {})
+  peaks = first.get('matmul_peak_gflop_per_s', {})
+  head = [f"device {first.get('device')}, jax {first.get('jax')}; matmul "
+          f"peak ({first.get('matmul_peak_n')}^2 dots) "
+          + ', '.join(f'{d} {p / 1e3:.1f} TFLOP/s' for d, p in peaks.items()),
+          '']
+  return head + rows + profiles
 
 
 def _num(value):
@@ -301,8 +360,13 @@ def main(argv=None):
   parser.add_argument('--learning_minutes', type=float, default=8.0)
   parser.add_argument('--logdir', default='',
                       help="the learning run's logdir (a new temporary one)")
-  parser.add_argument('--upstream', nargs=2, metavar=('PYTHON', 'SRC'),
-                      help="time upstream DreamerV3's learner beside ours")
+  parser.add_argument('--upstream', metavar='SRC',
+                      help="time upstream DreamerV3's learner beside ours "
+                      '(a danijar/dreamerv3 checkout; gpu_wheels.py carries '
+                      'it as .upstream)')
+  parser.add_argument('--upstream_site', metavar='DIR',
+                      help="upstream's extra packages, where they are not "
+                      'importable already (bench/upstream.py)')
   parser.add_argument('--report', nargs='+', metavar='DIR',
                       help="print one report of these runs' gpu.json")
   args = parser.parse_args(argv)

@@ -26,18 +26,39 @@ all its other work were free. `x_floor` is ms per update / floor, and
 `fraction_of_peak_at_floor` the fraction of the peak that
 this model's products reach at their shapes.
 
-`--upstream PYTHON SRC` times upstream DreamerV3's `train` at the same
-configuration in the same rounds (`upstream_learner.py`, run by PYTHON, a
-venv with upstream's dependencies, on SRC, a checkout of
-danijar/dreamerv3) and reports ours / upstream in updates per second.
+Variants (`--variants`), the same updates made faster, each timed in the
+same rounds and reported against `base` (`x_base`): `unrollN` unrolls the
+RSSM's observe and imagine scans N steps (`agent.scan_unroll`), `fuseK`
+makes K updates in one compiled call (`Agent.train_many`, the learner's
+`run.train_fuse`), `unrollN-fuseK` both. Their numbers equal base's
+(tests/agent/test_train_variants.py); FLOPs and the floor are base's.
+
+`--upstream SRC` times upstream DreamerV3's `train` at the same
+configuration in the same rounds, on this interpreter and its JAX
+(`upstream_learner.py` in a child process; SRC: a danijar/dreamerv3
+checkout; `--upstream_site`: the folder `bench/upstream.py` installed
+upstream's extra packages into) and reports ours / upstream in updates
+per second (`speedup_vs_upstream`, each variant's own).
+
+Our process keeps the memory it frees, as the runtime does
+(`jax.keep_freed_memory`, `--no-keep_freed_memory` to compare); upstream
+runs as shipped unless `--upstream_keep_freed_memory` applies the same
+setting to it.
+
+`--profile` traces a few base updates per configuration and adds the
+ops that took the most time (`profile`: device ops where the trace has a
+device, else the host's XLA ops), summed over the traced updates.
 """
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
 import platform
+import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,8 +67,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import upstream as upstreamlib
 from dreamer_ver import config as configlib
 from dreamer_ver.agent.agent import Agent
+from dreamer_ver.cluster import devices
 
 OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
 ACT = (6,)
@@ -150,38 +173,104 @@ def matmul_floor(ops):
   return sum(count * product_seconds(eqn) for eqn, count in ops.values())
 
 
-def make(size, dtype, batch, length):
+def variant(name):
+  """'base', 'unroll4', 'fuse4', 'unroll4-fuse4' -> (unroll, fuse)."""
+  knobs = {'unroll': 1, 'fuse': 1}
+  for part in name.split('-'):
+    key = part.rstrip('0123456789')
+    if part != 'base' and (key not in knobs or key == part):
+      raise ValueError(f'unknown variant {name!r} (base, unrollN, fuseK, '
+                       'unrollN-fuseK)')
+    if part != 'base':
+      knobs[key] = int(part[len(key):])
+  return knobs['unroll'], knobs['fuse']
+
+
+def make(size, dtype, batch, length, name='base'):
+  unroll, fuse = variant(name)
   config = configlib.compose(['dmc_proprio', size], {
       'jax.compute_dtype': dtype, 'batch_size': batch,
-      'batch_length': length})
+      'batch_length': length, 'agent.scan_unroll': unroll})
   agent = Agent(*spaces(), config)
   T = length + config.replay_context
   state = agent.init_state(agent.init_params(0), 0)
   carry = agent.init_carry(batch)
-  batches = [jax.device_put(random_batch(agent, batch, T, s)) for s in range(2)]
-  jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
-  ops = matmul_ops(jaxpr.jaxpr)
-  compiled = agent.train.lower(state, carry, batches[0]).compile()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  state, carry, _, mets = agent.train(state, carry, batches[0])  # warm-up
+  batches = [random_batch(agent, batch, T, s) for s in range(2)]
+  train = agent.train
+  if fuse > 1:  # each call: `fuse` updates on the two batches in turn
+    batches = [jax.tree.map(lambda *xs: np.stack(xs),
+                            *[batches[i % 2] for i in range(fuse)])]
+    train = agent.train_many
+  batches = [jax.device_put(b) for b in batches]
+  compiled = train.lower(state, carry, batches[0]).compile()
+  run = {'agent': agent, 'train': compiled, 'fuse': fuse, 'batches': batches,
+         'params': Agent.param_count(state['params'])}
+  if name == 'base':
+    jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
+    run['ops'] = matmul_ops(jaxpr.jaxpr)
+    run['flops'] = total_flops(run['ops'])
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    run['xla_flops_scan_once'] = float(cost.get('flops', 0))
+  state, carry, _, mets = compiled(state, carry, batches[0])  # warm up
   jax.block_until_ready(mets)
-  return {'agent': agent, 'state': state, 'carry': carry, 'batches': batches,
-          'ops': ops, 'flops': total_flops(ops),
-          'xla_flops_scan_once': float(cost.get('flops', 0)),
-          'params': Agent.param_count(state['params'])}
+  run['state'], run['carry'] = state, carry
+  return run
 
 
 def time_updates(run, steps):
-  """Seconds per update over `steps` updates (the state threads through)."""
-  agent, state, carry = run['agent'], run['state'], run['carry']
+  """Seconds per update over at least `steps` updates (whole calls of the
+  variant's fused updates; the state threads through). Also appends this
+  process's page faults per update to `run['faults']`."""
+  state, carry = run['state'], run['carry']
+  calls = -(-steps // run['fuse'])
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   start = time.perf_counter()
-  for i in range(steps):
-    state, carry, _, mets = agent.train(
+  for i in range(calls):
+    state, carry, _, mets = run['train'](
         state, carry, run['batches'][i % len(run['batches'])])
   jax.block_until_ready(mets)
+  seconds = time.perf_counter() - start
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
   run['state'], run['carry'] = state, carry
-  return (time.perf_counter() - start) / steps
+  run.setdefault('faults', []).append(round(faults / (calls * run['fuse'])))
+  return seconds / (calls * run['fuse'])
+
+
+def profile(run, steps, top=12):
+  """The `top` XLA ops by time over `steps` base updates, from a
+  `jax.profiler` trace: device ops (GPU kernels) where the trace has a
+  device, else the host's; {'ops': [[name, ms per update, calls per
+  update]], 'where', 'traced_ms_per_update'}."""
+  import glob
+  import gzip
+  import tempfile
+  folder = tempfile.mkdtemp(prefix='learner_profile_')
+  with jax.profiler.trace(folder, create_perfetto_trace=True):
+    time_updates(run, steps)
+  trace = json.load(gzip.open(glob.glob(
+      f'{folder}/**/perfetto_trace.json.gz', recursive=True)[0]))
+  names = {e['pid']: e['args']['name'] for e in trace['traceEvents']
+           if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  device = {p for p, n in names.items() if '/device:' in n}
+  host = {p for p, n in names.items() if '/host:' in n}
+  where = 'device' if device else 'host'
+  pids = device or host
+  totals, traced = {}, 0.0
+  for e in trace['traceEvents']:
+    if e.get('ph') != 'X' or e.get('pid') not in pids:
+      continue
+    if where == 'host' and 'hlo_op' not in e.get('args', {}):
+      continue  # the host's other events (Python, runtime) are not ops
+    name = e['args'].get('hlo_op', e['name']) if 'args' in e else e['name']
+    total = totals.setdefault(name, [0.0, 0])
+    total[0] += e['dur'] / 1e3
+    total[1] += 1
+    traced += e['dur'] / 1e3
+  ops = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+  return {'where': where, 'traced_ms_per_update': round(traced / steps, 2),
+          'ops': [[n, round(ms / steps, 3), round(c / steps, 1)]
+                  for n, (ms, c) in ops]}
 
 
 def matmul_peak(dtype, n, repeats=20):
@@ -197,17 +286,25 @@ def matmul_peak(dtype, n, repeats=20):
 
 
 class Upstream:
-  """upstream_learner.py in its own venv, compiled and waiting for rounds."""
+  """upstream_learner.py on this interpreter, compiled and waiting for
+  rounds."""
 
-  def __init__(self, python, src, size, dtype, batch, length, steps):
+  def __init__(self, src, site, size, dtype, batch, length, steps,
+               keep_freed_memory=False):
     script = Path(__file__).with_name('upstream_learner.py')
     backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
     self.proc = subprocess.Popen(
-        [python, str(script), src, size, dtype, str(batch), str(length),
-         str(steps), backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if backend == 'cpu' else None, text=True,
-        env={**os.environ, 'JAX_PLATFORMS': backend})
-    self._read()  # {'ready': true} once compiled
+        [sys.executable, str(script), src, size, dtype, str(batch),
+         str(length), str(steps), backend]
+        + (['--keep_freed_memory'] if keep_freed_memory else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.DEVNULL if backend == 'cpu' else None,
+        env={**upstreamlib.environ(src, site), 'JAX_PLATFORMS': backend})
+
+  def ready(self):
+    """Waits for the compile; RuntimeError if upstream failed."""
+    self._read()  # {'ready': true}
 
   def time_round(self):
     self.proc.stdin.write('go\n')
@@ -229,78 +326,136 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--sizes', nargs='+', default=['size1m', 'size12m'])
   parser.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'])
+  parser.add_argument('--variants', nargs='+', default=['base'],
+                      help='base, unrollN, fuseK, unrollN-fuseK')
   parser.add_argument('--batch', type=int, default=16)
   parser.add_argument('--length', type=int, default=64)
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--upstream', nargs=2, metavar=('PYTHON', 'SRC'))
+  parser.add_argument('--jobs', type=int, default=max(1, os.cpu_count() // 4),
+                      help='configurations compiled at once')
+  parser.add_argument('--upstream', metavar='SRC',
+                      help='a danijar/dreamerv3 checkout to time beside ours')
+  parser.add_argument('--upstream_site', metavar='DIR',
+                      help="upstream's extra packages (bench/upstream.py); "
+                      'none: they are importable already')
   parser.add_argument('--floor', action=argparse.BooleanOptionalAction,
                       default=True, help='time the matmul floor (one '
                       'compile per product: minutes on a GPU)')
-  parser.add_argument('--out', default='')
+  parser.add_argument('--keep_freed_memory', default=True,
+                      action=argparse.BooleanOptionalAction,
+                      help="glibc keeps freed memory, as the runtime's "
+                      'jax.keep_freed_memory (default) does')
+  parser.add_argument('--upstream_keep_freed_memory', action='store_true',
+                      help='upstream too (it does not by itself)')
+  parser.add_argument('--profile', action='store_true',
+                      help='the top ops of a traced base update')
+  parser.add_argument('--out', default='',
+                      help='JSON results, rewritten after every round')
   args = parser.parse_args()
-  runs = {}
-  for size in args.sizes:
-    for dtype in args.dtypes:
-      began = time.perf_counter()
-      runs[size, dtype] = make(size, dtype, args.batch, args.length)
-      print(f'{size} {dtype}: compiled in {time.perf_counter() - began:.0f} s',
-            flush=True)
+  if args.keep_freed_memory:  # before JAX's backend starts its threads
+    devices.keep_freed_memory()
+  variants = ['base'] + [v for v in args.variants if v != 'base']
+  for name in variants:
+    variant(name)  # an unknown one fails before anything compiles
+  keys = [(size, dtype, name) for size in args.sizes for dtype in args.dtypes
+          for name in variants]
   upstream = {}
-  for key in runs if args.upstream else ():
+  for size in args.sizes if args.upstream else ():  # compiles meanwhile
+    for dtype in args.dtypes:
+      upstream[size, dtype] = Upstream(
+          args.upstream, args.upstream_site, size, dtype, args.batch,
+          args.length, args.steps, args.upstream_keep_freed_memory)
+  began = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    futures = {key: pool.submit(make, *key[:2], args.batch, args.length,
+                                key[2]) for key in keys}
+    runs = {key: futures[key].result() for key in keys}
+  print(f'{len(runs)} configurations compiled in '
+        f'{time.perf_counter() - began:.0f} s', flush=True)
+  for key, proc in list(upstream.items()):
     try:
-      upstream[key] = Upstream(*args.upstream, *key, args.batch, args.length,
-                               args.steps)
+      proc.ready()
     except RuntimeError as e:  # ours is still measured
       print(f'upstream {key}: {e}', flush=True)
+      del upstream[key]
+  for key, run in runs.items():  # warm-up: first-touch pages, caches
+    time_updates(run, args.steps)
+    run['faults'].clear()
+    if key[2] == 'base' and key[:2] in upstream:
+      upstream[key[:2]].time_round()
   peak_n = 2048 if jax.default_backend() == 'cpu' else 8192
-  peaks = {d: matmul_peak(d, peak_n) for d in args.dtypes}
-  floors = {key: matmul_floor(run['ops']) if args.floor else math.nan
-            for key, run in runs.items()}
-  times = {key: [] for key in runs}
-  theirs = {key: [] for key in upstream}
+  measured = {
+      'peaks': {d: matmul_peak(d, peak_n) for d in args.dtypes},
+      'floors': {key: matmul_floor(run['ops']) if args.floor else math.nan
+                 for key, run in runs.items() if 'ops' in run},
+      'times': {key: [] for key in runs},
+      'theirs': {key: [] for key in upstream}, 'profiles': {}}
   for _ in range(args.rounds):
     for key, run in runs.items():
-      times[key].append(time_updates(run, args.steps))
-      if key in upstream:
-        theirs[key].append(upstream[key].time_round())
+      measured['times'][key].append(time_updates(run, args.steps))
+      if key[2] == 'base' and key[:2] in upstream:
+        measured['theirs'][key[:2]].append(upstream[key[:2]].time_round())
+    write(args, runs, measured, peak_n)
   for proc in upstream.values():
     proc.close()
+  for key, run in runs.items():
+    if args.profile and key[2] == 'base':
+      measured['profiles'][key] = profile(run, args.steps)
+  for row in write(args, runs, measured, peak_n)['rows']:
+    print(json.dumps(row), flush=True)
+
+
+def write(args, runs, measured, peak_n):
+  """The results so far, as a dict; into `args.out` too."""
+  peaks, floors = measured['peaks'], measured['floors']
+  times, theirs = measured['times'], measured['theirs']
   rows = []
-  for (size, dtype), run in runs.items():
-    seconds = float(np.median(times[(size, dtype)]))
+  for (size, dtype, name), run in runs.items():
+    base = runs[size, dtype, 'base']
+    seconds = float(np.median(times[size, dtype, name]))
+    floor = floors[size, dtype, 'base']
     rows.append({
-        'size': size, 'dtype': dtype, 'params': run['params'],
-        'ms_per_update': [round(t * 1e3, 1) for t in times[(size, dtype)]],
+        'size': size, 'dtype': dtype, 'variant': name,
+        'params': run['params'],
+        'ms_per_update': [round(t * 1e3, 1) for t in times[size, dtype, name]],
         'updates_per_s': round(1 / seconds, 3),
-        'gflop_per_update': round(run['flops'] / 1e9, 2),
-        'xla_gflop_scan_once': round(run['xla_flops_scan_once'] / 1e9, 2),
-        'gflop_per_s': round(run['flops'] / seconds / 1e9, 1),
-        'fraction_of_matmul_peak': round(run['flops'] / seconds / peaks[dtype], 3),
-        'matmul_floor_ms': round(floors[(size, dtype)] * 1e3, 1),
-        'x_floor': round(seconds / floors[(size, dtype)], 2),
+        'page_faults_per_update': run['faults'][:len(
+            times[size, dtype, name])],
+        'x_base': round(float(np.median(times[size, dtype, 'base'])) /
+                        seconds, 3),
+        'gflop_per_update': round(base['flops'] / 1e9, 2),
+        'xla_gflop_scan_once': round(base['xla_flops_scan_once'] / 1e9, 2),
+        'gflop_per_s': round(base['flops'] / seconds / 1e9, 1),
+        'fraction_of_matmul_peak': round(
+            base['flops'] / seconds / peaks[dtype], 3),
+        'matmul_floor_ms': round(floor * 1e3, 1),
+        'x_floor': round(seconds / floor, 2),
         'fraction_of_peak_at_floor': round(
-            run['flops'] / floors[(size, dtype)] / peaks[dtype], 3),
+            base['flops'] / floor / peaks[dtype], 3),
     })
-    if theirs:
-      upstream_seconds = float(np.median(theirs[(size, dtype)]))
+    if theirs.get((size, dtype)):
+      upstream_seconds = float(np.median(theirs[size, dtype]))
       rows[-1]['upstream_ms_per_update'] = [
-          round(t * 1e3, 1) for t in theirs[(size, dtype)]]
+          round(t * 1e3, 1) for t in theirs[size, dtype]]
       rows[-1]['speedup_vs_upstream'] = round(upstream_seconds / seconds, 2)
-    print(json.dumps(rows[-1]), flush=True)
+    if (size, dtype, name) in measured['profiles']:
+      rows[-1]['profile'] = measured['profiles'][size, dtype, name]
   commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
                           capture_output=True, text=True).stdout.strip()
   result = {
       'commit': commit, 'device': str(jax.devices()[0].device_kind),
       'machine': platform.processor() or platform.machine(),
-      'batch': [args.batch, args.length],
+      'jax': jax.__version__, 'batch': [args.batch, args.length],
+      'steps': args.steps, 'rounds': len(next(iter(times.values()))),
       'matmul_peak_n': peak_n,
-      'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1) for d, p in peaks.items()},
+      'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1)
+                                  for d, p in peaks.items()},
       'rows': rows}
-  print(json.dumps(result['matmul_peak_gflop_per_s']))
   if args.out:
     with open(args.out, 'w') as f:
       json.dump(result, f, indent=1)
+  return result
 
 
 if __name__ == '__main__':

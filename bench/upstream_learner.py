@@ -1,15 +1,20 @@
 """Upstream DreamerV3's `train` at the learner bench's configuration, run by
-`learner_bench.py --upstream PYTHON SRC` in upstream's own venv.
+`learner_bench.py --upstream SRC` on the same interpreter and JAX as ours,
+in the environment `upstream.environ` makes (the jit shim, upstream-only
+packages and SRC on PYTHONPATH).
 
-  PYTHON bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS PLATFORM
+  python bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS PLATFORM \
+      [--keep_freed_memory]
 
 Builds upstream's agent (SRC: a checkout of danijar/dreamerv3) with the
 `dmc_proprio` preset and SIZE on the same walker spaces, compiles its train
 step, then times STEPS updates for each line `go` it reads on stdin and
 prints the seconds per update as one JSON line. The policy copy upstream
 makes after an update is off (`jax.enable_policy False`): both sides time
-training alone. Imports nothing from dreamer_ver: it runs with upstream's
-dependencies.
+training alone. `--keep_freed_memory` applies dreamer_ver's
+`jax.keep_freed_memory` malloc setting to upstream's process (the one thing
+imported from dreamer_ver), to tell that setting's share of a ratio from
+the rest.
 """
 
 import json
@@ -25,7 +30,6 @@ ACT = (6,)
 
 
 def build(src, size, dtype, batch, length, platform):
-  sys.path.insert(0, src)
   import elements
   import ruamel.yaml as yaml
   from dreamerv3.agent import Agent
@@ -67,6 +71,9 @@ def random_data(agent, batch, T, seed):
 
 
 def main():
+  if '--keep_freed_memory' in sys.argv:
+    from dreamer_ver.cluster.devices import keep_freed_memory
+    keep_freed_memory()
   src, size, dtype = sys.argv[1:4]
   batch, length, steps = map(int, sys.argv[4:7])
   agent = build(src, size, dtype, batch, length, sys.argv[7])

@@ -125,12 +125,12 @@ CHOICES = {
 RANGES = (
     (('batch_size', 'batch_length', 'report_length', 'run.envs',
       'run.eval_worker_envs', 'run.envs_per_worker', 'run.keep_checkpoints', 'run.actor_threads', 'replay.chunksize',
-      'logger.fps', 'logger.video_length') + _agent(
+      'run.train_fuse', 'logger.fps', 'logger.video_length') + _agent(
           'rssm.deter', 'rssm.hidden', 'rssm.stoch', 'rssm.classes',
           'rssm.blocks', 'enc.depth', 'enc.units', 'enc.kernel', 'dec.depth',
           'dec.units', 'dec.kernel', 'dec.bspace', 'rewhead.units',
           'conhead.units', 'policy.units', 'value.units', 'imag_length',
-          'horizon', 'slowvalue.every'),
+          'horizon', 'slowvalue.every', 'scan_unroll'),
      lambda v: v >= 1, 'must be >= 1'),
     (('replay_context', 'replica', 'run.eval_envs', 'run.envid_offset',
       'run.crash_limit', 'run.peer_timeout',

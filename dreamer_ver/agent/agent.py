@@ -5,11 +5,15 @@
   carry = agent.init_carry(batch)         # {deter, stoch, action}
   carry, act, outs = agent.policy(params, carry, obs, key, mode)
   state, carry, outs, metrics = agent.train(state, carry, batch)
+  state, carry, outs, metrics = agent.train_many(state, carry, batches)
   metrics = agent.report(state, batch)    # scalars, + videos of image keys
   losses = agent.loss_terms(params, state, carry, batch)  # per term, [B, T]
 
 Batches for train/report are [B, T + C] sequences, C = replay_context: the
 first C steps only supply the stored latent (and action) to start from.
+`train_many` takes K such batches stacked on a leading axis and makes the
+K updates `train` would make one after the other, in one compiled call
+(one dispatch instead of K); its outs and metrics gain that leading axis.
 """
 
 import math
@@ -75,7 +79,9 @@ class Agent:
     scales.update({k: rec for k in self.model_space})
     self.scales = scales
     self.policy = jax.jit(self.policy_step, static_argnames=('mode',))
+    self.unroll = int(cfg.scan_unroll)
     self.train = jax.jit(self._train, donate_argnums=(0,))
+    self.train_many = jax.jit(self._train_many, donate_argnums=(0,))
     self.report = jax.jit(self._report)
 
   # ---------------------------------------------------------------- init
@@ -191,6 +197,14 @@ class Agent:
     new_carry = {**aux['carry'], 'action': last}
     return new_state, new_carry, outs, metrics
 
+  def _train_many(self, state, carry, batches):
+    def step(state_carry, batch):
+      state, carry, outs, metrics = self._train(*state_carry, batch)
+      return (state, carry), (outs, metrics)
+    (state, carry), (outs, metrics) = jax.lax.scan(
+        step, (state, carry), batches)
+    return state, carry, outs, metrics
+
   def loss_terms(self, params, state, carry, batch):
     """The unscaled per-term losses [B, T] of the step `train(state, carry,
     batch)` takes, evaluated at `params`: `jax.grad` of one term shows
@@ -299,7 +313,7 @@ class Agent:
     swap = lambda x: jnp.swapaxes(x, 0, 1)
     inputs = (swap(act), swap(tokens), swap(obs['is_first'].astype(bool)),
               jax.random.split(key, T))
-    carry, feat = jax.lax.scan(step, start, inputs)
+    carry, feat = jax.lax.scan(step, start, inputs, unroll=self.unroll)
     return carry, jax.tree.map(swap, feat)
 
   def _imagine(self, params, start, key):
@@ -322,7 +336,8 @@ class Agent:
       return carry, ({'deter': feat['deter'], 'stoch': feat['stoch']}, action)
 
     keys = jax.random.split(key, H + 1)
-    last, (feats, actions) = jax.lax.scan(step, start, keys[:H])
+    last, (feats, actions) = jax.lax.scan(
+        step, start, keys[:H], unroll=self.unroll)
     last_action = act(last, keys[H])
     swap = lambda x: jnp.swapaxes(x, 0, 1)
     feats = jax.tree.map(

@@ -44,27 +44,38 @@ class DataParallel:
     self.train = jax.jit(
         agent._train, donate_argnums=(0,),
         in_shardings=(rep, rows, rows), out_shardings=(rep, rows, rows, rep))
+    stacked = self.split(axis=1)  # train_many: [K, rows, ...]
+    self.train_many = jax.jit(
+        agent._train_many, donate_argnums=(0,),
+        in_shardings=(rep, rows, stacked),
+        out_shardings=(rep, rows, stacked, rep))
     self.report = jax.jit(
         agent._report, in_shardings=(rep, rows), out_shardings=rep)
+
+  def split(self, axis=0):
+    """Arrays split along `data` at `axis`, whole along the others."""
+    return NamedSharding(self.mesh, P(*[None] * axis, 'data'))
 
   def put_state(self, state):
     return jax.device_put(state, self.replicated)
 
-  def put_rows(self, tree):
-    """This process's rows of a batch (or carry) as global arrays split
-    along `data`; one host: all of them."""
+  def put_rows(self, tree, axis=0):
+    """This process's rows (along `axis`) of a batch or carry, as global
+    arrays split along `data`; one host: all of them."""
+    rows = self.split(axis)
     return jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(self.rows, x), tree)
+        lambda x: jax.make_array_from_process_local_data(rows, x), tree)
 
   def local(self, tree):
     """This process's copy of replicated arrays (the state, the metrics),
     on its first train device."""
     return jax.tree.map(lambda x: x.addressable_data(0), tree)
 
-  def local_rows(self, tree):
-    """This process's rows of row-split arrays, as numpy: what it passed to
-    `put_rows`, in the same order."""
+  def local_rows(self, tree, axis=0):
+    """This process's rows (along `axis`) of row-split arrays, as numpy:
+    what it passed to `put_rows`, in the same order."""
     def rows(x):
-      shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-      return np.concatenate([np.asarray(s.data) for s in shards])
+      shards = sorted(x.addressable_shards,
+                      key=lambda s: s.index[axis].start or 0)
+      return np.concatenate([np.asarray(s.data) for s in shards], axis)
     return jax.tree.map(rows, tree)

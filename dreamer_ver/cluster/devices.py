@@ -12,10 +12,20 @@ compiling them again (measured in bench/startup.py). JAX keys each entry by
 the program, the devices and the compiler flags, so a stale entry is never
 used. JAX's own `JAX_COMPILATION_CACHE_DIR`, when set, names the folder
 instead: one cache shared by many runs (a sweep, a test session).
+
+`jax.keep_freed_memory` keeps the host memory the process frees for its
+own reuse (`keep_freed_memory`): XLA on the CPU allocates each call's
+temporary buffers anew and frees them after it, and glibc's malloc gives
+large blocks (and the heaps of its per-thread arenas) back to the kernel
+on free, so every learner update touched its hundreds of megabytes as new
+pages again (bench/README.md, learner section: 94,000 page faults and
+about 40 % of a size1m update on a 2-core CPU).
 """
 
+import ctypes
 import os
 import socket
+import sys
 
 JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
 
@@ -37,8 +47,10 @@ def setup(config):
   data-parallel over them; with several processes, every process's
   `jax.train_devices`, process by process, so that each process's rows are
   one contiguous block of the batch)."""
-  import jax
   cfg = config.jax
+  if cfg.keep_freed_memory:
+    keep_freed_memory()
+  import jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
   if cfg.platform:
     jax.config.update(
@@ -80,6 +92,21 @@ def setup(config):
            for process in range(jax.process_count())
            for i in cfg.train_devices]
   return policy, train
+
+
+def keep_freed_memory():
+  """Makes glibc's malloc keep what this process frees: one arena, no
+  blocks mapped on their own, no trimming of the heap. Call it before
+  JAX's backend starts its threads. Returns whether it applied (False off
+  glibc, which has no `mallopt`)."""
+  if not sys.platform.startswith('linux'):
+    return False
+  mallopt = getattr(ctypes.CDLL(None), 'mallopt', None)  # the process's libc
+  if mallopt is None:
+    return False
+  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # glibc's malloc.h
+  settings = ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1))
+  return all([mallopt(option, value) == 1 for option, value in settings])
 
 
 def _compile_cache(config):

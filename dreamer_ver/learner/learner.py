@@ -2,7 +2,10 @@
 
 Each step takes the next prefetched batch, trains, writes the fresh latents
 back to replay (fire and forget), and publishes the new policy params with
-a version. Each batch's rows carry the params version that acted; the
+a version. With `run.train_fuse` K > 1, a step takes the next K batches and
+makes their K updates in one compiled call (`Agent.train_many`): the same
+updates, one dispatch; params are then published, and the latents written
+back, once per K updates (the version still counts updates). Each batch's rows carry the params version that acted; the
 learner logs the distribution of its policy lag, the updates between
 that version and its own (VER's measure of how off-policy the data is),
 as `train/policy_lag/*` over each log interval. Training is data-parallel
@@ -60,6 +63,15 @@ class Prefetch:
       self.futures.append(self.call())
     return result
 
+  def take(self, count, stop):
+    """The next `count` results; None if `stop` is set while waiting."""
+    results = []
+    while len(results) < count:
+      results.append(self.next(stop))
+      if results[-1] is None:
+        return None
+    return results
+
 
 def wait(future, stop, poll=0.2):
   """A future's result, or None once `stop()` is true."""
@@ -82,6 +94,7 @@ class Options:
   context: int  # replay_context: steps before each row, not trained on
   log_every: float  # seconds between metric summaries
   report_every: float  # seconds between reports
+  fuse: int = 1  # updates per compiled call, each on its own batch
 
   @classmethod
   def of(cls, config):
@@ -91,7 +104,8 @@ class Options:
         report_length=int(config.report_length),
         context=int(config.replay_context),
         log_every=float(config.run.log_every),
-        report_every=float(config.run.report_every))
+        report_every=float(config.run.report_every),
+        fuse=int(config.run.train_fuse))
 
 
 class Learner:
@@ -127,7 +141,11 @@ class Learner:
     train = put(self.zero_batch(opts.batch_length + opts.context))
     report = put(self.zero_batch(opts.report_length + opts.context))
     state = jax.tree.map(jnp.copy, self.state)  # train donates its state
-    outs = self.parallel.train(state, self.carry, train)
+    if opts.fuse == 1:
+      outs = self.parallel.train(state, self.carry, train)
+    else:
+      stacked = jax.tree.map(lambda x: jnp.stack([x] * opts.fuse), train)
+      outs = self.parallel.train_many(state, self.carry, stacked)
     jax.block_until_ready((outs, self.parallel.report(self.state, report)))
 
   def zero_batch(self, length):
@@ -150,15 +168,17 @@ class Learner:
     """Trains until `stop()` is true in any process. Returns True where
     process 0 stopped because `failing()` (its agent failed and restarts,
     so the others must too), else False."""
+    fuse = self.options.fuse
     if self.lead:
-      train = Prefetch(self.replay, 'sample_batch_train', self.rows)
+      train = Prefetch(self.replay, 'sample_batch_train', self.rows,
+                       depth=fuse + 1)
     should_log = elements.when.Clock(self.options.log_every)
     should_report = elements.when.Clock(self.options.report_every)
     fps = elements.FPS()
     while True:
       if self.lead:
-        batch = None if stop() else train.next(stop)
-        ready = batch is not None
+        batches = None if stop() else train.take(fuse, stop)
+        ready = batches is not None
       else:
         ready = not stop()
       flags = self.gather(ready, should_report(), should_log(), failing())
@@ -168,14 +188,15 @@ class Learner:
       if not self.lead:
         # Sampled once process 0 passed the limiter for this update, so a
         # share never comes from a buffer still filling up.
-        batch = self.replay.sample_share_train(self.rows).result()
+        batches = [self.replay.sample_share_train(self.rows).result()
+                   for _ in range(fuse)]
       began = time.perf_counter()
-      self.train_step(batch)
+      self.train_step(*batches)
       if self.on_update is not None:
         # Waits for the device, so the time is the update's, not dispatch's.
         jax.block_until_ready(self.state['params'])
         self.on_update(time.perf_counter() - began)
-      fps.step(self.options.batch_size * self.options.batch_length)
+      fps.step(fuse * self.options.batch_size * self.options.batch_length)
       if report:
         self.report(stop)
       if log:
@@ -195,19 +216,32 @@ class Learner:
       return flags[None]
     return np.asarray(multihost_utils.process_allgather(flags))
 
-  def train_step(self, batch):
-    acted = batch.pop('version', None)  # absent in replays from before it
-    if acted is not None:
-      trained = acted[:, self.options.context:]  # not the context
-      self.lags.append(self.counters['version'] - trained.ravel())
-    self.state, self.carry, outs, mets = self.parallel.train(
-        self.state, self.carry, self.parallel.put_rows(batch))
-    self.counters['version'] += 1
+  def train_step(self, *batches):
+    """One update per batch, in one compiled call when there are several;
+    then one publish and one write-back of the fresh latents."""
+    for i, batch in enumerate(batches):
+      acted = batch.pop('version', None)  # absent in replays from before it
+      if acted is not None:
+        trained = acted[:, self.options.context:]  # not the context
+        self.lags.append(self.counters['version'] + i - trained.ravel())
+    if len(batches) == 1:
+      self.state, self.carry, outs, mets = self.parallel.train(
+          self.state, self.carry, self.parallel.put_rows(batches[0]))
+    else:
+      stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+      self.state, self.carry, outs, mets = self.parallel.train_many(
+          self.state, self.carry, self.parallel.put_rows(stacked, axis=1))
+    self.counters['version'] += len(batches)
     if self.params is not None:
       self.params.publish(self.parallel.local(
           policy_params(self.state['params'])), self.counters['version'])
     if 'replay' in outs:  # Only with replay_context: nothing reads them else.
-      self.replay.update(self.parallel.local_rows(outs['replay']))
+      if len(batches) == 1:
+        self.replay.update(self.parallel.local_rows(outs['replay']))
+      else:  # [K, rows, ...] -> [K * rows, ...]: the latents of every batch
+        latents = self.parallel.local_rows(outs['replay'], axis=1)
+        self.replay.update({k: v.reshape((-1, *v.shape[2:]))
+                            for k, v in latents.items()})
     for key, value in mets.items():
       self.metrics[key].append(value)
 

@@ -63,6 +63,38 @@ def test_the_learner_logs_the_policy_lag_of_the_rows_it_trains_on():
   assert logger.sent[-1]['train/policy_lag/max'] == 0
 
 
+def test_fused_updates_count_lag_and_write_back_latents_per_batch():
+  """`run.train_fuse` 2: two batches in one call are two updates: each
+  batch's lag against its own update, both batches' latents written back
+  (the rows of the first, then the second's), params published once at
+  the version after both."""
+  B = 2
+  config = small_config(**{'batch_size': B, 'replay_context': 1,
+                           'run.train_fuse': 2})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  logger, replay = Recorder(), Recorder()
+  store = ParamsStore(policy_params(state['params']), 7)
+  learner = Learner(agent, state, store, Options.of(config), replay=replay,
+                    logger=logger, ckpt=None, counters={'version': 7})
+  assert learner.options.fuse == 2
+  T = config.batch_length + config.replay_context
+  batches = [make_batch(agent, B, T, seed) for seed in range(2)]
+  for i, batch in enumerate(batches):
+    batch['version'] = np.full((B, T), 6)  # lag 1, then 2
+    batch['stepid'][:, :, 0] = 10 * i + np.arange(B)[:, None]
+  learner.train_step(*batches)
+  assert store.version == learner.counters['version'] == 9
+  latents, = replay.sent
+  np.testing.assert_array_equal(latents['stepid'][:, 0, 0], [0, 1, 10, 11])
+  assert latents['dyn/deter'].shape[:2] == (2 * B, T - 1)
+  learner.log({})
+  summary = logger.sent[-1]
+  assert summary['train/updates'] == 9
+  assert summary['train/policy_lag/mean'] == 1.5
+  assert summary['train/policy_lag/max'] == 2
+
+
 class Replay(Recorder):
   """A replay client whose train batches never arrive."""
 
@@ -145,3 +177,26 @@ def test_the_learner_reports_each_updates_device_time_to_the_decider():
       False)
   assert counters['version'] == len(times) == 3
   assert all(0.02 <= t < 1.0 for t in times)
+
+
+def test_a_fusing_learner_trains_each_group_of_batches_in_one_call():
+  """`run.train_fuse` 3: the loop hands three batches at a time to one
+  train step and counts them as three updates (one device time each
+  call)."""
+  config = small_config(**{'batch_size': 4, 'run.log_every': -1,
+                           'run.report_every': -1, 'run.train_fuse': 3})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  times, calls, counters = [], [], {'version': 0}
+  learner = Learner(agent, state, None, Options.of(config), replay=Batches(),
+                    logger=None, ckpt=None, counters=counters,
+                    on_update=times.append)
+
+  def update(*batches):
+    calls.append(batches)
+    counters['version'] += len(batches)
+
+  learner.train_step = update
+  assert learner.run(lambda: counters['version'] >= 6) is False
+  assert calls == [({'rows': 4},) * 3] * 2
+  assert len(times) == 2
