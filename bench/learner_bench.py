@@ -263,6 +263,8 @@ def profile(run, steps, top=12):
     if where == 'host' and 'hlo_op' not in e.get('args', {}):
       continue  # the host's other events (Python, runtime) are not ops
     name = e['args'].get('hlo_op', e['name']) if 'args' in e else e['name']
+    if name.split('.')[0] in ('while', 'conditional', 'call'):
+      continue  # on the host these span their bodies' ops, counted apart
     total = totals.setdefault(name, [0.0, 0])
     total[0] += e['dur'] / 1e3
     total[1] += 1
