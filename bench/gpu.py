@@ -96,7 +96,8 @@ json.dump({
 
 
 def stage_commands(stage, args, out):
-  """[(command, seconds)] that write the stage's results into `out`."""
+  """[(command, seconds[, environment variables])] that write the stage's
+  results into `out`."""
   py = [sys.executable]
   smoke = args.smoke
   if stage == 'stack':
@@ -180,15 +181,14 @@ def run_stage(stage, args, out, work):
     env['JAX_PLATFORMS'] = ''  # JAX's default backend: the GPU
   start = time.monotonic()
   with open(out / 'gpu.log', 'a') as log:
-    for command, seconds, *extra in stage_commands(stage, args, work):
-      shown = ' '.join(c if len(c) < 200 else '<script>' for c in command)
-      if extra:
-        shown = ' '.join(f'{k}={v}' for k, v in extra[0].items()) + ' ' + shown
+    for command, seconds, *more in stage_commands(stage, args, work):
+      variables = more[0] if more else {}  # a command's own (XLA_FLAGS)
+      shown = ' '.join([f'{k}={v}' for k, v in variables.items()] + [
+          c if len(c) < 200 else '<script>' for c in command])
       print(f'[{stage}] {shown}', file=log, flush=True)
       began = time.monotonic()
-      proc = subprocess.Popen(command, cwd=ROOT, env={**env, **(extra or [{}])[0]},
-                              stdout=log,
-                              stderr=subprocess.STDOUT,
+      proc = subprocess.Popen(command, cwd=ROOT, env={**env, **variables},
+                              stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
       try:
         code = proc.wait(timeout=seconds)

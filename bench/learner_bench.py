@@ -357,6 +357,9 @@ def main():
   args = parser.parse_args()
   if args.keep_freed_memory:  # before JAX's backend starts its threads
     devices.keep_freed_memory()
+  # As the runtime (jax.prealloc False), and so that upstream's processes
+  # find room beside ours on a GPU.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   variants = ['base'] + [v for v in args.variants if v != 'base']
   for name in variants:
     variant(name)  # an unknown one fails before anything compiles

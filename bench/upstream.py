@@ -37,7 +37,8 @@ def environ(src, site=None):
   PYTHONPATH."""
   path = [str(SHIM)] + ([str(site)] if site else []) + [str(src)]
   old = os.environ.get('PYTHONPATH')
-  return {**os.environ, 'PYTHONPATH': os.pathsep.join(path + ([old] if old else []))}
+  path += [old] if old else []
+  return {**os.environ, 'PYTHONPATH': os.pathsep.join(path)}
 
 
 def main():

@@ -1,11 +1,12 @@
 """The learner: trains on batches streamed from the replay server.
 
 Each step takes the next prefetched batch, trains, writes the fresh latents
-back to replay (fire and forget), and publishes the new policy params with
-a version. With `run.train_fuse` K > 1, a step takes the next K batches and
+back to replay (fire and forget, one step late so that the learner never
+waits for the device), and publishes the new policy params with a version. With `run.train_fuse` K > 1, a step takes the next K batches and
 makes their K updates in one compiled call (`Agent.train_many`): the same
 updates, one dispatch; params are then published, and the latents written
-back, once per K updates (the version still counts updates). Each batch's rows carry the params version that acted; the
+back, once per K updates (the version still counts updates). Each batch's
+rows carry the params version that acted; the
 learner logs the distribution of its policy lag, the updates between
 that version and its own (VER's measure of how off-policy the data is),
 as `train/policy_lag/*` over each log interval. Training is data-parallel
@@ -130,6 +131,7 @@ class Learner:
     self.carry = self.parallel.put_rows(agent.init_carry(self.rows))
     self.metrics = collections.defaultdict(list)
     self.lags = []  # per trained batch: the policy lag of each row
+    self.latents = None  # the last step's fresh latents, not yet sent
     self.on_update = on_update  # hears each update's device seconds
 
   def compile(self):
@@ -183,6 +185,7 @@ class Learner:
         ready = not stop()
       flags = self.gather(ready, should_report(), should_log(), failing())
       if not flags[:, 0].all():
+        self.send_latents()
         return bool(flags[0, 3])
       report, log = flags[0, 1:3]  # Process 0's clocks decide.
       if not self.lead:
@@ -236,14 +239,28 @@ class Learner:
       self.params.publish(self.parallel.local(
           policy_params(self.state['params'])), self.counters['version'])
     if 'replay' in outs:  # Only with replay_context: nothing reads them else.
-      if len(batches) == 1:
-        self.replay.update(self.parallel.local_rows(outs['replay']))
-      else:  # [K, rows, ...] -> [K * rows, ...]: the latents of every batch
-        latents = self.parallel.local_rows(outs['replay'], axis=1)
-        self.replay.update({k: v.reshape((-1, *v.shape[2:]))
-                            for k, v in latents.items()})
+      # Sent one step late, so that the learner never waits for the device
+      # here: fetching them now would wait for this step to finish.
+      self.send_latents()
+      for x in jax.tree.leaves(outs['replay']):
+        x.copy_to_host_async()
+      self.latents = (outs['replay'], len(batches))
     for key, value in mets.items():
       self.metrics[key].append(value)
+
+  def send_latents(self):
+    """Writes the fresh latents of the last train step back to replay (the
+    rows of each of its batches in turn), if not sent yet."""
+    if self.latents is None:
+      return
+    latents, fused = self.latents
+    self.latents = None
+    if fused == 1:
+      self.replay.update(self.parallel.local_rows(latents))
+    else:  # [K, rows, ...] -> [K * rows, ...]
+      latents = self.parallel.local_rows(latents, axis=1)
+      self.replay.update({k: v.reshape((-1, *v.shape[2:]))
+                          for k, v in latents.items()})
 
   def report(self, stop):
     """Reports on a train batch, then on an eval batch where every process

@@ -85,6 +85,8 @@ def test_fused_updates_count_lag_and_write_back_latents_per_batch():
     batch['stepid'][:, :, 0] = 10 * i + np.arange(B)[:, None]
   learner.train_step(*batches)
   assert store.version == learner.counters['version'] == 9
+  assert replay.sent == []  # sent one step late: at the next, or the stop
+  learner.send_latents()
   latents, = replay.sent
   np.testing.assert_array_equal(latents['stepid'][:, 0, 0], [0, 1, 10, 11])
   assert latents['dyn/deter'].shape[:2] == (2 * B, T - 1)
@@ -93,6 +95,41 @@ def test_fused_updates_count_lag_and_write_back_latents_per_batch():
   assert summary['train/updates'] == 9
   assert summary['train/policy_lag/mean'] == 1.5
   assert summary['train/policy_lag/max'] == 2
+
+
+class Numbered(Recorder):
+  """A replay client whose train batches are real, their step ids numbered
+  0, 1, 2, ... batch by batch; keeps the latents written back."""
+
+  def __init__(self, agent, rows, length):
+    super().__init__()
+    self.agent, self.rows, self.length, self.served = agent, rows, length, 0
+
+  def sample_batch_train(self, rows):
+    batch = make_batch(self.agent, rows, self.length, seed=self.served)
+    batch['stepid'][..., 0] = self.served
+    self.served += 1
+    future = concurrent.futures.Future()
+    future.set_result(batch)
+    return future
+
+
+def test_every_steps_latents_reach_replay_in_order_the_last_at_the_stop():
+  """Latents go back one step late (fetching them at once would wait for
+  the device); none is lost, the last step's are sent when the run stops."""
+  config = small_config(**{'batch_size': 2, 'replay_context': 1,
+                           'run.log_every': -1, 'run.report_every': -1})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  replay = Numbered(agent, 2, config.batch_length + 1)
+  counters = {'version': 0}
+  learner = Learner(agent, state, None, Options.of(config), replay=replay,
+                    logger=None, ckpt=None, counters=counters)
+  assert learner.run(lambda: counters['version'] >= 3) is False
+  assert [int(u['stepid'][0, 0, 0]) for u in replay.sent] == [0, 1, 2]
+  assert all(u['dyn/deter'].shape == (2, config.batch_length,
+                                      config.agent.rssm.deter)
+             and np.isfinite(u['dyn/deter']).all() for u in replay.sent)
 
 
 class Replay(Recorder):
