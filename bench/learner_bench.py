@@ -52,13 +52,17 @@ device, else the host's XLA ops), summed over the traced updates.
 
 import argparse
 import concurrent.futures
+import glob
+import gzip
 import json
 import math
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -176,13 +180,12 @@ def matmul_floor(ops):
 def variant(name):
   """'base', 'unroll4', 'fuse4', 'unroll4-fuse4' -> (unroll, fuse)."""
   knobs = {'unroll': 1, 'fuse': 1}
-  for part in name.split('-'):
-    key = part.rstrip('0123456789')
-    if part != 'base' and (key not in knobs or key == part):
+  for part in [] if name == 'base' else name.split('-'):
+    match = re.fullmatch(r'(unroll|fuse)([0-9]+)', part)
+    if not match:
       raise ValueError(f'unknown variant {name!r} (base, unrollN, fuseK, '
                        'unrollN-fuseK)')
-    if part != 'base':
-      knobs[key] = int(part[len(key):])
+    knobs[match[1]] = int(match[2])
   return knobs['unroll'], knobs['fuse']
 
 
@@ -242,9 +245,6 @@ def profile(run, steps, top=12):
   `jax.profiler` trace: device ops (GPU kernels) where the trace has a
   device, else the host's; {'ops': [[name, ms per update, calls per
   update]], 'where', 'traced_ms_per_update'}."""
-  import glob
-  import gzip
-  import tempfile
   folder = tempfile.mkdtemp(prefix='learner_profile_')
   with jax.profiler.trace(folder, create_perfetto_trace=True):
     time_updates(run, steps)
