@@ -11,14 +11,14 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
 
   stack     GPU name, memory and driver (nvidia-smi), Python and the
             versions of jax, jaxlib, flax, optax, numpy, `jax.devices()`
-  learner   updates/s at size12m and size1m, bfloat16 and float32, of the
-            base update and each faster variant (unrolled scans, K updates
-            fused in one call), upstream DreamerV3 beside them where
-            `--upstream` names its source, the top ops of a traced update;
-            then the best variants under XLA flags that cut launch gaps
-            (`XLA_FLAGS` per command, so each is its own process)
-            (`learner_bench.py`, without the matmul floor: one compile per
-            product is minutes on a GPU)
+  learner   updates/s of size12m bfloat16's base update and of 8 updates
+            fused in one call; the base beside upstream DreamerV3 where
+            `--upstream` names its source, with the top ops of a traced
+            update; size1m float32's variants (unrolled scans, fused
+            updates) beside upstream; the base and fused under XLA flags
+            that cut launch gaps (`XLA_FLAGS` per command, so each is its
+            own process) (`learner_bench.py`, without the matmul floor:
+            one compile per product is minutes on a GPU)
   overhead  per-batch host overhead of the actor against the bare jitted
             step at each padded bucket (`overhead_bench.py`)
   actor     the actor bench's `fast` fleet (dm_control cartpole, about
@@ -60,8 +60,7 @@ TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
          'tests/system/test_data_parallel.py', 'tests/actor/test_recompile.py',
          'tests/cluster/test_devices.py')
 ACTOR_ENVS = (16, 64, 256)
-LEARNER_SIZES = ('size12m', 'size1m')
-LEARNER_VARIANTS = ('base', 'unroll4', 'unroll16', 'fuse8', 'unroll16-fuse8')
+LEARNER_VARIANTS = ('unroll4', 'unroll16', 'fuse8', 'unroll16-fuse8')
 # XLA:GPU options that may cut the gaps between the update's many small
 # kernels, each run as its own learner_bench process: command buffers (CUDA
 # graphs) on by default cover fusions and library calls but not the scans'
@@ -143,32 +142,42 @@ def stage_commands(stage, args, out):
 
 
 def learner_commands(args, out):
-  """One learner_bench per size (variants and upstream), then one per XLA
-  flag set (base and the fused, unrolled variant at size12m bfloat16); each
-  writes its JSON after every round, so a deadline keeps its rounds."""
+  """learner_bench commands, smallest first (a GPU compiles each
+  configuration for tens of seconds, so a window cut short keeps the first
+  ones): size12m bfloat16 base and fused; the same base beside upstream,
+  with the op profile; size1m float32's variants beside upstream; the base
+  and the fused, unrolled variant under each XLA flag set. Each writes its
+  JSON after every round and prints each compile's time."""
   bench = [sys.executable, str(BENCH / 'learner_bench.py'), '--no-floor']
-  if args.smoke:  # tiny, on the CPU: every kind of command once
-    shape = ['--batch', '2', '--length', '4', '--steps', '2', '--rounds', '1']
-    sizes, dtypes, flags = ['size1m'], ['float32'], {'none': ''}
-    variants = ['base', 'unroll2', 'fuse2']
-  else:
-    shape = ['--steps', '8', '--rounds', '2']
-    sizes, dtypes, flags = LEARNER_SIZES, ['bfloat16', 'float32'], XLA_FLAG_SETS
-    variants = list(LEARNER_VARIANTS)
   upstream = ['--upstream', args.upstream] if args.upstream else []
   if args.upstream and args.upstream_site:
     upstream += ['--upstream_site', args.upstream_site]
-  commands = []
-  for size in sizes:
-    commands.append((bench + shape + [
-        '--sizes', size, '--dtypes', *dtypes, '--variants', *variants,
-        '--profile', *upstream, '--out', str(out / f'learner_{size}.json')],
-        120 if args.smoke else 200 if size == sizes[0] else 120))
+  if args.smoke:  # tiny, on the CPU: every kind of command once
+    shape = ['--batch', '2', '--length', '4', '--steps', '2', '--rounds', '1']
+    big, small, flags = ['size1m', 'float32'], ['size1m', 'float32'], {
+        'none': ''}
+    fused, variants, seconds = 'fuse2', ['unroll2', 'fuse2'], (120,) * 4
+  else:
+    shape = ['--steps', '8', '--rounds', '2']
+    big, small, flags = ['size12m', 'bfloat16'], ['size1m', 'float32'], (
+        XLA_FLAG_SETS)
+    fused, variants = 'fuse8', list(LEARNER_VARIANTS)
+    seconds = (140, 140, 140, 90)
+
+  def learner(name, size_dtype, more, limit, environ=None):
+    size, dtype = size_dtype
+    command = bench + shape + ['--sizes', size, '--dtypes', dtype, *more,
+                               '--out', str(out / f'learner_{name}.json')]
+    return (command, limit) + ((environ,) if environ is not None else ())
+
+  commands = [
+      learner('fused', big, ['--variants', 'base', fused], seconds[0]),
+      learner('upstream', big, ['--profile', *upstream], seconds[1]),
+      learner('variants', small, ['--variants', 'base', *variants,
+                                  *upstream], seconds[2])]
   for name, value in flags.items():
-    commands.append((bench + shape + [
-        '--sizes', sizes[0], '--dtypes', dtypes[0], '--variants', 'base',
-        variants[-1], '--out', str(out / f'learner_xla_{name}.json')],
-        120 if args.smoke else 100, {'XLA_FLAGS': value}))
+    commands.append(learner(f'xla_{name}', big, [
+        '--variants', 'base', fused], seconds[3], {'XLA_FLAGS': value}))
   return commands
 
 
@@ -179,6 +188,8 @@ def run_stage(stage, args, out, work):
   env = dict(os.environ)
   if not args.smoke:
     env['JAX_PLATFORMS'] = ''  # JAX's default backend: the GPU
+  else:  # the learner's commands share their compiles, as on a rerun
+    env.setdefault('JAX_COMPILATION_CACHE_DIR', str(work / 'jax_cache'))
   start = time.monotonic()
   with open(out / 'gpu.log', 'a') as log:
     for command, seconds, *more in stage_commands(stage, args, work):

@@ -355,8 +355,8 @@ def main():
   parser.add_argument('--out', default='',
                       help='JSON results, rewritten after every round')
   args = parser.parse_args()
-  if args.keep_freed_memory:  # before JAX's backend starts its threads
-    devices.keep_freed_memory()
+  if args.keep_freed_memory and devices.runs_on_cpu(''):  # as the runtime
+    devices.keep_freed_memory()  # before JAX's backend starts its threads
   # As the runtime (jax.prealloc False), and so that upstream's processes
   # find room beside ours on a GPU.
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
@@ -375,12 +375,17 @@ def main():
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     futures = {key: pool.submit(make, *key[:2], args.batch, args.length,
                                 key[2]) for key in keys}
+    for future in concurrent.futures.as_completed(futures.values()):
+      future.result()  # so that a window cut short shows how far it got
+      key = next(k for k, f in futures.items() if f is future)
+      print(f'compiled {"/".join(key)} at '
+            f'{time.perf_counter() - began:.0f} s', flush=True)
     runs = {key: futures[key].result() for key in keys}
-  print(f'{len(runs)} configurations compiled in '
-        f'{time.perf_counter() - began:.0f} s', flush=True)
   for key, proc in list(upstream.items()):
     try:
       proc.ready()
+      print(f'upstream {"/".join(key)} compiled at '
+            f'{time.perf_counter() - began:.0f} s', flush=True)
     except RuntimeError as e:  # ours is still measured
       print(f'upstream {key}: {e}', flush=True)
       del upstream[key]

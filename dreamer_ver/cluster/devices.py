@@ -20,14 +20,20 @@ large blocks (and the heaps of its per-thread arenas) back to the kernel
 on free, so every learner update touched its hundreds of megabytes as new
 pages again (bench/README.md, learner section: 94,700 page faults per
 size1m update on a 2-core CPU, which ran 1.26-1.54x faster without them).
+It applies only where JAX runs on the CPU (`runs_on_cpu`): a GPU's buffers
+are not glibc's, and one arena for the GPU compiler's many threads is a
+cost nobody has measured.
 """
 
 import ctypes
+import importlib.metadata
 import os
 import socket
 import sys
 
 JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
+# Distributions that give JAX a default backend other than the CPU.
+ACCELERATOR_PLUGINS = ('jax-cuda', 'jax-rocm', 'libtpu')
 
 
 def coordinator_bind_address(config):
@@ -48,7 +54,7 @@ def setup(config):
   `jax.train_devices`, process by process, so that each process's rows are
   one contiguous block of the batch)."""
   cfg = config.jax
-  if cfg.keep_freed_memory:
+  if cfg.keep_freed_memory and runs_on_cpu(cfg.platform):
     keep_freed_memory()
   import jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
@@ -92,6 +98,18 @@ def setup(config):
            for process in range(jax.process_count())
            for i in cfg.train_devices]
   return policy, train
+
+
+def runs_on_cpu(platform):
+  """Whether JAX will run this process on the CPU, answered without starting
+  its backend: `platform` (`jax.platform`, else `$JAX_PLATFORMS`'s first)
+  says cpu, or it is left to JAX and no accelerator plugin is installed."""
+  platform = platform or os.environ.get('JAX_PLATFORMS', '').split(',')[0]
+  if platform:
+    return platform == 'cpu'
+  names = {(dist.metadata['Name'] or '').lower().replace('_', '-')
+           for dist in importlib.metadata.distributions()}
+  return not any(name.startswith(ACCELERATOR_PLUGINS) for name in names)
 
 
 def keep_freed_memory():

@@ -40,3 +40,24 @@ def test_a_freed_block_is_reused_without_new_page_faults():
   assert kept[1] + kept[2] <= max(4, kept[0] // 100), kept
   _, default = page_faults('default')
   assert min(default) >= kept[0] // 2, (default, kept)
+
+
+def test_it_applies_only_where_jax_runs_on_the_cpu(monkeypatch):
+  from dreamer_ver.cluster import devices
+
+  class Dist:
+    def __init__(self, name):
+      self.metadata = {'Name': name}
+
+  installed = [Dist('jax'), Dist('jaxlib'), Dist('numpy')]
+  monkeypatch.setattr(devices.importlib.metadata, 'distributions',
+                      lambda: list(installed))
+  monkeypatch.delenv('JAX_PLATFORMS', raising=False)
+  assert devices.runs_on_cpu('cpu') and devices.runs_on_cpu('')
+  assert not devices.runs_on_cpu('cuda') and not devices.runs_on_cpu('tpu')
+  installed.append(Dist('jax_cuda13_plugin'))  # JAX's default: the GPU
+  assert not devices.runs_on_cpu('')
+  assert devices.runs_on_cpu('cpu')
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu,cuda')
+  assert devices.runs_on_cpu('')
+  assert not devices.runs_on_cpu('gpu')
