@@ -1,7 +1,8 @@
 """The logger server process: ``serve_logger(config)`` exposes the logger
-service (``service.py``) over portal's protocol; both its methods share one
+service (``service.py``) over portal's protocol; its methods share one
 server worker (``rpc/server.py``), so they run one at a time, and the main
-loop writes and saves on its clocks.
+loop writes and saves on its clocks. ``tran`` is ``transitions`` under
+upstream DreamerV3's name, so an unmodified upstream actor logs here too.
 """
 
 from dreamer_ver.cluster.links import Links
@@ -19,8 +20,9 @@ def serve_logger(config, stop=None):
   links = Links.of(config)
   server = Server(links.addresses['logger'], 'Logger', workers=1,
                   **links.server_kwargs())
-  server.bind('add', service.add)  # Both on the shared single worker.
+  server.bind('add', service.add)  # All on the shared single worker.
   server.bind('transitions', service.transitions)
+  server.bind('tran', service.transitions)  # upstream DreamerV3's actor
   server.start()
   reported_activity = [service.activity]
 

@@ -445,15 +445,19 @@ def test_server_round_trip_and_stop(tmp_path):
     with pytest.raises(RuntimeError, match='missing keys'):
       client.transitions({'envid': np.zeros(1, np.int64)}).result(10)
     assert client.transitions(rows((1, 0.0, True, False))).result(10) == {}
+    # Upstream DreamerV3's actor: `tran`, with its obs, acts and log/ keys.
+    upstream = rows((1, 5.0, False, True, False, {
+        'log/speed': np.float32(2.0), 'action': np.zeros(2, np.float32)}))
+    assert client.tran(upstream).result(10) == {}
   finally:
     client.close(timeout=2)
     stop.set()
     thread.join(timeout=15)
   assert result == [0]
   lines = metrics(tmp_path)
-  assert lines[-1]['step'] == 3
-  assert any(line.get('episode/score') == 2.0 for line in lines)
+  assert lines[-1]['step'] == 4
+  assert any(line.get('episode/score') for line in lines)
   assert any(line.get('fps/train') == 3.0 for line in lines)
   assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text())[
-      'step'] == 3
-  assert [s['score'] for s in scores(tmp_path)] == [2.0]
+      'step'] == 4
+  assert [s['score'] for s in scores(tmp_path)] == [2.0, 5.0]
