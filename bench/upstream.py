@@ -24,11 +24,12 @@ PACKAGES = ('ninjax', 'granular', 'chex', 'toolz', 'einops', 'jaxtyping',
             'wadler-lindig')
 
 
-def install(site):
-  """pip-installs PACKAGES into `site`, without touching this environment
-  (no dependencies: ours, JAX included, stay the ones both sides use)."""
+def install(site, more=()):
+  """pip-installs PACKAGES and `more` into `site`, without touching this
+  environment (no dependencies: ours, JAX included, stay the ones both
+  sides use)."""
   subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',
-                  '--target', str(site), *PACKAGES], check=True)
+                  '--target', str(site), *PACKAGES, *more], check=True)
 
 
 def environ(src, site=None):

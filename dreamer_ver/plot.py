@@ -4,7 +4,7 @@
         [--runs LABEL LOGDIR [LOGDIR ...]] [--key METRIC]
         [--task T] [--out FILE.png|.svg] [--bins N] [--eval] [--spread minmax|sd]
         [--xmax STEPS] [--target SCORE] [--table STEPS ...] [--last N]
-        [--window STEPS] [--ref_xscale F] [--title T] [--label L]
+        [--window STEPS] [--ref_xscale F] [--title T] [--label L] [--xlabel X]
     python -m dreamer_ver.plot --reference dmc_proprio --task dmc_walker_walk
         --table 100000 [--out FILE.png]      (the reference alone)
 
@@ -318,7 +318,7 @@ COLORS = ('tab:blue', 'tab:orange', 'tab:green', 'tab:red', 'tab:purple',
 
 
 def draw(path, x, groups, ref=None, title='', ref_label='DreamerV3',
-         xmax=None, target=None, ylabel='episode return'):
+         xmax=None, target=None, ylabel='episode return', xlabel='env steps'):
   """Writes the figure (PNG, SVG or PDF by `path`'s suffix). `groups` is
   [(label, seeds, (mean, lo, hi, count))], one colour each: its per-seed
   curves drawn thin, its mean thick with the band; `ref` the reference's
@@ -348,7 +348,7 @@ def draw(path, x, groups, ref=None, title='', ref_label='DreamerV3',
     ax.axhline(target, color='tab:red', ls=':', lw=1,
                label=f'target {target:g}')
   ax.set_xlim(0, xmax or x[-1])
-  ax.set_xlabel('env steps')
+  ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.set_title(title)
   ax.grid(alpha=0.3)
@@ -407,6 +407,8 @@ def parse_args(argv):
       help='draw this score as a dotted line')
   add('--title', default='', help='(default: the task)')
   add('--label', default='', help='legend label of the logdirs\' curve')
+  add('--xlabel', default='env steps',
+      help="the x axis' label (files whose `step` counts something else)")
   return parser.parse_args(argv)
 
 
@@ -481,7 +483,7 @@ def main(argv=None):
       (first if first.is_dir() else first.parent) / f'{name}.png')
   draw(out, x, groups, ref, args.title or task or str(first),
        f'DreamerV3 {args.reference} ({len(ref_runs)} runs)', xmax,
-       args.target, args.key or 'episode return')
+       args.target, args.key or 'episode return', args.xlabel)
   print(f'Wrote {out}', file=sys.stderr if args.table else sys.stdout)
   return 0
 

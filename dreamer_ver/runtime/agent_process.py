@@ -6,7 +6,8 @@ thread, and the loop that logs them until the run is done.
                                                  -> (Actor, BatchServer,
                                                      preemption.Shared)
   build_learner(config, agent, state, store, ckpt, counters, links, logger)
-                                                 -> Learner
+                                                 -> Learner (compile_learner
+                                                    compiles it)
   run_agent(config, eval_host)                   -> builds them and runs
   run_learner(config)                            -> a multi-host run's learner
                                                     on another host
@@ -88,17 +89,20 @@ def build_actor(config, agent, store, counters, links):
 
 def build_learner(config, agent, state, store, ckpt, counters, links, logger,
                   train_devices, on_update=None):
-  """The learner on the train devices, compiled; `on_update(seconds)` hears
-  each update's device time."""
+  """The learner on the train devices, not yet compiled (`compile_learner`);
+  `on_update(seconds)` hears each update's device time."""
   learner = Learner(
       agent, state, store, LearnerOptions.of(config),
       replay=links.connect('replay', 'LearnerReplay', maxinflight=8),
       logger=logger, ckpt=ckpt, counters=counters, devices=train_devices,
       on_update=on_update)
+  return learner
+
+
+def compile_learner(learner):
   print('Compiling the learner...', flush=True)
   learner.compile()
   print('Learner compiled.', flush=True)
-  return learner
 
 
 def run_agent(config, eval_host='process', stop=None):
@@ -150,6 +154,8 @@ def run_agent(config, eval_host='process', stop=None):
         learner.save()
       return done()
     try:
+      # Here, not before serving: the envs act and fill replay meanwhile.
+      compile_learner(learner)
       learner.run(stop_or_save, failing=lambda: cause is not None)
       stop.set()  # The learners stopped (another process may have): so do we.
     except Exception as error:
@@ -246,6 +252,7 @@ def run_learner(config, stop=None):
   learner = build_learner(config, agent, state, None, None,
                           {'steps': 0, 'version': 0}, Links.of(config), None,
                           train_devices)
+  compile_learner(learner)
   print(f'Learner process {config.jax.process_id} of {config.jax.processes} '
         f'training from params version {learner.counters["version"]}.',
         flush=True)
