@@ -19,12 +19,13 @@ A batch is a dict of numpy arrays with one row per env step, N rows:
                                column (SHIPMENT): a resent batch is stored
                                once (`StoredShipments`)
 
-The actor's requests carry observations, `envid` and `is_eval` (META_KEYS:
-passed through, not observed). Replay adds `stepid` and `consec` to what it
-stores (RESERVED_KEYS): a batch's own values for them are dropped. The
-logger needs LOGGER_KEYS in every row. `check_rows` checks the shape; the
-servers call it before touching their state, so a malformed batch changes
-nothing and its caller gets an error naming the key.
+The actor's requests carry observations, `envid` and `is_eval` (META: key
+-> (shape, dtype) of one request's value; passed through, not observed).
+Replay adds `stepid` and `consec` to what it stores (RESERVED_KEYS): a
+batch's own values for them are dropped. The logger needs LOGGER_KEYS in
+every row. `check_rows` checks the shape; the servers call it before
+touching their state, so a malformed batch changes nothing and its caller
+gets an error naming the key.
 """
 
 import collections.abc
@@ -33,7 +34,7 @@ import numpy as np
 
 SHIPMENT = 'shipment'
 LOG_PREFIX = 'log/'
-META_KEYS = ('is_eval',)
+META = {'is_eval': ((), bool)}
 ROUTING_KEYS = ('envid', 'is_eval')
 RESERVED_KEYS = ('stepid', 'consec')
 LOGGER_KEYS = ('envid', 'is_eval', 'is_first', 'is_last', 'reward')

@@ -19,7 +19,7 @@ from dreamer_ver.actor.batched_policy import BatchedPolicy
 from dreamer_ver.actor.requests import admit
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
-from dreamer_ver.transitions import META_KEYS, is_log
+from dreamer_ver.transitions import META, is_log
 
 
 class Actor:
@@ -37,7 +37,7 @@ class Actor:
     self.policy = BatchedPolicy(
         self._policy_step, agent.obs_space, carry=carry, slots=slots,
         buckets=sorted(set(int(b) for b in buckets)), params=params_store,
-        meta=META_KEYS, keyed=True, seed=seed)
+        meta=META, keyed=True, seed=seed)
     self.shipper = Shipper(replay, logger)
     # Per served batch: updates the learner published while it ran.
     self._lags, self._lags_lock = [], threading.Lock()
@@ -66,7 +66,7 @@ class Actor:
     """Batch server handler: (one reply or exception per request, in order;
     the transitions for `post`, or None when no request was valid)."""
     lane = self.lanes[requests[0].lane]  # A batch is cut from one lane.
-    replies, valid = admit(requests, self.obs_space, lane, META_KEYS)
+    replies, valid = admit(requests, self.obs_space, lane, self.policy.meta)
     if not valid:
       return replies, None
     datas = [requests[i].data for i in valid]

@@ -15,7 +15,9 @@ given), `obs`, and a PRNG key (`keyed=True`, a new key per batch):
 `obs` is a dict of `[B, ...]` arrays shaped like `spec` (key -> (shape,
 dtype) of one env, or a space or array), `out` a dict of `[B, ...]` arrays.
 A request is one env's dict: the keys of `spec`, `envid` (an integer
-scalar) when there are carries, any of the `meta` keys, and `log/` keys.
+scalar) when there are carries, any of the `meta` keys (key -> (shape,
+dtype), like `spec`: values passed through, checked as observations are),
+and `log/` keys.
 
 Params: `params` is the first pytree, or a `ParamsStore` to share with a
 trainer; `update(params, version)` publishes new ones, which the next batch
@@ -54,12 +56,12 @@ from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 class BatchedPolicy:
 
   def __init__(self, fn, spec, carry=None, slots=64, buckets=None,
-               device=None, params=None, version=0, devices=None, meta=(),
+               device=None, params=None, version=0, devices=None, meta=None,
                keyed=False, seed=0):
     self.spec = {k: _struct(v) for k, v in spec.items()}
     self.slots = int(slots)
     self.buckets = sorted(set(buckets or powers_of_two(self.slots)))
-    self.meta = tuple(meta)
+    self.meta = {k: _struct(v) for k, v in (meta or {}).items()}
     self.carries = carry is not None
     if devices is None:
       devices = params.devices if isinstance(params, ParamsStore) else (

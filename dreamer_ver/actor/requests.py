@@ -3,9 +3,10 @@
 Shared by the DreamerV3 actor (`actor.py`) and the generic batched policy
 (`batched_policy.py`). A request is a dict of arrays: one observation per
 key of the spec, an integer `envid` scalar when the server keeps per-env
-carries, any of `meta` keys, and any number of `log/...` keys. Everything
-else is refused with a `RequestError` naming the key, so the one caller
-that sent it learns what is wrong.
+carries, any of the `meta` keys (checked like observations: a value the
+server reads must not fail the batch it is in), and any number of `log/...`
+keys. Everything else is refused with a `RequestError` naming the key, so
+the one caller that sent it learns what is wrong.
 """
 
 import collections
@@ -22,10 +23,11 @@ class RequestError(ValueError):
   """A request that does not match the observation space."""
 
 
-def check_request(data, spec, envid=True, meta=()):
+def check_request(data, spec, envid=True, meta=None):
   """Raises RequestError unless `data` fits `spec` (key -> an object with
-  `.shape` and `.dtype`): those keys, `envid` if asked for, `meta` keys and
-  `log/` keys; floats finite."""
+  `.shape` and `.dtype`): those keys, `envid` if asked for, any keys of
+  `meta` (the same kind of mapping) and `log/` keys; floats finite."""
+  meta = meta or {}
   if not isinstance(data, dict):
     raise RequestError(
         f'request must be a dict of arrays, got {type(data).__name__}')
@@ -48,7 +50,8 @@ def check_request(data, spec, envid=True, meta=()):
     if not 0 <= int(value) <= MAX_ENVID:
       raise RequestError(
           f'envid must be in [0, {MAX_ENVID}], got {int(value)}')
-  for key, space in spec.items():
+  present = {k: s for k, s in meta.items() if k in data}
+  for key, space in [*spec.items(), *present.items()]:
     value = np.asarray(data[key])
     if value.shape != tuple(space.shape) or value.dtype != space.dtype:
       raise RequestError(
@@ -59,7 +62,7 @@ def check_request(data, spec, envid=True, meta=()):
       raise RequestError(f'key {key!r}: values must be finite')
 
 
-def admit(requests, spec, lane=None, meta=()):
+def admit(requests, spec, lane=None, meta=None):
   """Checks a batch's requests (`.data` dicts) against `spec`: returns one
   RequestError or None per request, and the indices of the valid ones.
   With a carry `lane`, every valid request needs an env id of its own in

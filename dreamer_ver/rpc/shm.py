@@ -6,7 +6,6 @@ the client).
 import fcntl
 import hmac
 import itertools
-import json
 import mmap
 import os
 import selectors
@@ -15,8 +14,8 @@ import threading
 
 from .addresses import HANDSHAKE
 from .shm_protocol import (
-    CALL, MAX_ROWS, MAX_SLOTS, SEALS, SLOT, Slot, array_views, bind, endpoint,
-    fill, layout_of, nbytes, reply)
+    CALL, MAX_ROWS, MAX_SLOTS, SEALS, SLOT, Slot, array_views, bind,
+    endpoints, fill, nbytes, reply, slot_spec, socket_folders, text)
 from .transport import Transport
 
 
@@ -38,7 +37,12 @@ class ShmTransport(Transport):
     self._ids = itertools.count()
     self._selector = selectors.DefaultSelector()
     self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    self._path = endpoint(addr)
+    paths = endpoints(addr, self.handshake, make=True)
+    if not paths:
+      raise PermissionError(
+          f'{" or ".join(socket_folders(self.handshake))} must be a folder '
+          'of this user with mode 0700; remove it or chmod 700 it')
+    self._path = paths[0]
     bind(self._listener, self._path)
     self._listener.listen(128)
     self._listener.setblocking(False)
@@ -155,7 +159,7 @@ class ShmTransport(Transport):
       why = self._attach(peer, index, body[SLOT.size:], fds)
       if why:
         self.refused += 1
-        self._send(peer, b'E' + SLOT.pack(index) + why.encode('utf-8'))
+        self._send(peer, b'E' + SLOT.pack(index) + text(why))
       else:
         self._send(peer, b'A' + SLOT.pack(index))
       return None
@@ -170,10 +174,8 @@ class ShmTransport(Transport):
     if len(peer.slots) >= MAX_SLOTS:
       return f'a connection may map at most {MAX_SLOTS} slots'
     try:
-      spec = json.loads(spec)
-      method = spec['method']
-      request, reply = layout_of(spec['request']), layout_of(spec['reply'])
-    except (ValueError, KeyError, TypeError) as e:
+      method, request, reply = slot_spec(spec)
+    except ValueError as e:
       return f'bad slot layout ({e})'
     if method != self.method:
       return f'Unknown method {method}'
@@ -189,7 +191,7 @@ class ShmTransport(Transport):
     try:
       if fcntl.fcntl(fds[0], fcntl.F_GET_SEALS) & SEALS != SEALS:
         return 'the memory must be sealed against resizing'
-      if os.fstat(fds[0]).st_size < size:
+      if os.fstat(fds[0]).st_size < max(size, 1):  # mmap needs a byte
         return 'the memory is smaller than its layout'
       buffer = mmap.mmap(fds[0], max(size, 1))
     except OSError as e:

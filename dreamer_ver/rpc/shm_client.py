@@ -15,8 +15,8 @@ from portal.client_socket import Disconnected
 
 from .addresses import HANDSHAKE
 from .shm_protocol import (
-    CALL, REPLY, SEALS, SLOT, Slot, array_views, endpoint, layout_of, nbytes,
-    same_user)
+    CALL, REPLY, SEALS, SLOT, Slot, array_views, endpoints, layout_of,
+    nbytes, same_user)
 from .wire import Refusals
 
 
@@ -31,9 +31,9 @@ class ShmClient:
 
   def __init__(self, addr, reply_space, handshake=HANDSHAKE,
                envid_key='envid'):
-    self.endpoint = endpoint(addr)
-    self.reply_space = reply_space
+    self.addr = addr
     self.handshake = handshake.encode('utf-8')
+    self.reply_space = reply_space
     self.envid_key = envid_key
     self.sock = None
     self.reqnums = itertools.count()
@@ -45,24 +45,36 @@ class ShmClient:
     # Not `stop or Event()`: a StopSignal is falsy until it is set.
     stop = threading.Event() if stop is None else stop
     self.close()
-    refusals = Refusals(self.endpoint, retry)
+    refusals = Refusals(f'the shared-memory socket of {self.addr}', retry)
     while not stop.is_set():
-      sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-      try:
-        sock.settimeout(5.0)
-        sock.connect(self.endpoint)
-        if not same_user(sock):
-          raise PermissionError(f'{self.endpoint} is served by another user')
-        sock.send(b'H' + self.handshake)
-        if sock.recv(16) == b'A':
-          self.sock = sock
+      # Looked up each time: the server may pick another folder on restart.
+      for path in endpoints(self.addr, self.handshake):
+        answer = self._hello(path)
+        if answer:
           return True
-        refusals.refused()
-      except OSError:
-        pass
-      sock.close()
+        if answer is False:
+          refusals.refused()
       stop.wait(refusals.delay() or retry)
     return False
+
+  def _hello(self, path):
+    """True once connected to the server at `path`; False if it refused
+    the token; None if nobody of this user serves there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+      sock.settimeout(5.0)
+      sock.connect(path)
+      if not same_user(sock):  # It would get the token.
+        raise PermissionError(f'{path} is served by another user')
+      sock.send(b'H' + self.handshake)
+      if sock.recv(16) == b'A':
+        self.sock = sock
+        return True
+      answer = False
+    except OSError:
+      answer = None
+    sock.close()
+    return answer
 
   def call(self, method, data, stop=None):
     return self.recv(self.send(method, data), stop)

@@ -11,11 +11,14 @@ answers with a 17-byte message. Habitat VER's transfer buffers and TorchRL's
 slot transport work the same way.
 
 Messages go over a Unix SOCK_SEQPACKET connection to a socket file named
-after the port of the server's TCP address (`endpoint`), in a folder only
+after the port of the server's TCP address (`endpoints`), in a folder only
 this user may enter (mode 0700, checked on both sides): another local user
 can neither bind it first nor connect, and a client also checks that the
 server runs as its own user before it sends the token. (An abstract socket
-name, which anyone may bind, would hand the token to a squatter.)
+name, which anyone may bind, would hand the token to a squatter.) If
+another user made the folder's predictable name first, the server uses a
+folder named after a digest of the run token instead, and clients look in
+both.
 
   H handshake                    client hello: the run token, as over TCP;
                                  answered A, or the connection is closed
@@ -45,6 +48,9 @@ Linux only (memfd, abstract sockets).
 
 import errno
 import fcntl
+import hashlib
+import json
+import math
 import os
 import socket
 import stat
@@ -69,29 +75,43 @@ MAX_SLOTS = 64
 DTYPE_KINDS = 'biuf'  # bool, signed and unsigned ints, floats
 
 
-def endpoint(addr):
-  """The socket file of the server whose TCP address is `addr`."""
+def endpoints(addr, handshake, make=False):
+  """The socket files a server of TCP address `addr` and handshake (bytes)
+  `handshake` may listen at, in the order a server picks the first and a
+  client tries them: in this user's folder of sockets, then in the run's
+  own (see `socket_folders`). Only folders of this user with mode 0700,
+  made first if `make`."""
   _, port = split_addr(addr)
-  return os.path.join(socket_folder(), f'batch-{port}.sock')
+  return [os.path.join(folder, f'batch-{port}.sock')
+          for folder in socket_folders(handshake)
+          if private_folder(folder, make)]
 
 
-def socket_folder():
-  """This user's folder of sockets in the temporary folder (the same for
-  the server and its env processes, however they were started): made with
-  mode 0700; PermissionError if it exists otherwise (a folder someone else
-  made, or others may enter)."""
+def socket_folders(handshake):
+  """The candidate folders of sockets, in the temporary folder (the same
+  for the server and its env processes, however they were started): the
+  folder of this user's id, and one named after a digest of the handshake
+  too, for when another local user made the first one (a name anyone can
+  predict): without the run token, nobody else can make that one first."""
+  digest = hashlib.sha256(handshake).hexdigest()[:16]
   folder = os.path.join(tempfile.gettempdir(), f'dreamer_ver-{os.getuid()}')
+  return [folder, f'{folder}-{digest}']
+
+
+def private_folder(folder, make=False):
+  """Whether `folder` is a folder (not a symlink) of this user that others
+  may not enter (mode 0700); made so first if `make` and it is missing."""
+  if make:
+    try:
+      os.mkdir(folder, 0o700)
+    except FileExistsError:
+      pass
   try:
-    os.mkdir(folder, 0o700)
-  except FileExistsError:
-    pass
-  info = os.lstat(folder)
-  if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-      or info.st_mode & 0o077):
-    raise PermissionError(
-        f'{folder} must be a folder of this user with mode 0700; remove it '
-        'or chmod 700 it')
-  return folder
+    info = os.lstat(folder)
+  except FileNotFoundError:
+    return False
+  return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+          and not info.st_mode & 0o077)
 
 
 def bind(sock, path):
@@ -115,9 +135,15 @@ def bind(sock, path):
 
 def same_user(sock):
   """Whether the peer of a Unix socket runs as this user."""
+  return peer_uid(sock) == os.getuid()
+
+
+def peer_uid(sock):
+  """The user id the peer of a Unix socket runs as (its credentials at
+  connect time, from the kernel)."""
   creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                           struct.calcsize('3i'))
-  return struct.unpack('3i', creds)[1] == os.getuid()
+  return struct.unpack('3i', creds)[1]
 
 
 def available():
@@ -126,21 +152,54 @@ def available():
 
 
 def reply(reqnum, status, message=''):
-  return REPLY.pack(b'P', reqnum, status) + message.encode('utf-8')[:32768]
+  return REPLY.pack(b'P', reqnum, status) + text(message)
+
+
+def text(message):
+  """A message's bytes, cut to fit one read of the peer (whole
+  characters: a cut one would not decode)."""
+  return message[:8192].encode('utf-8')
+
+
+def slot_spec(raw):
+  """(method, request layout, reply layout) of a slot's JSON spec;
+  ValueError if it is not one (one nested too deep to parse included)."""
+  try:
+    spec = json.loads(raw)
+  except RecursionError:
+    raise ValueError('the spec is nested too deep') from None
+  if not isinstance(spec, dict) or not isinstance(spec.get('method'), str):
+    raise ValueError('a slot spec is {"method": name, "request": layout, '
+                     '"reply": layout}')
+  return (spec['method'], layout_of(spec.get('request')),
+          layout_of(spec.get('reply')))
 
 
 def layout_of(spec):
-  """[(key, shape, dtype)] checked: string keys, small non-negative shapes,
-  plain numeric dtypes."""
+  """[(key, shape, dtype)] of a list of [key, shape, dtype]; ValueError
+  unless the keys are strings, the shapes at most 8 integers in [0, 2**31]
+  and the dtypes plain numbers (a float or a string shape is not silently
+  truncated: the client would lay its arrays out otherwise)."""
+  if not isinstance(spec, (list, tuple)):
+    raise ValueError('a layout is a list of [key, shape, dtype]')
   layout = []
-  for key, shape, dtype in spec:
-    dtype = np.dtype(dtype)
-    if not isinstance(key, str) or dtype.kind not in DTYPE_KINDS:
-      raise ValueError(f'key {key!r}: dtype {dtype} is not a plain number')
-    shape = tuple(int(n) for n in shape)
-    if len(shape) > 8 or any(n < 0 or n > 2 ** 31 for n in shape):
-      raise ValueError(f'key {key!r}: bad shape {list(shape)}')
-    layout.append((key, shape, dtype))
+  for leaf in spec:
+    if not isinstance(leaf, (list, tuple)) or len(leaf) != 3:
+      raise ValueError('a layout entry is [key, shape, dtype]')
+    key, shape, dtype = leaf
+    if not isinstance(key, str):
+      raise ValueError('a layout key must be a string')
+    if not isinstance(shape, (list, tuple)) or len(shape) > 8 or not all(
+        type(n) is int and 0 <= n <= 2 ** 31 for n in shape):
+      raise ValueError(f'key {key!r}: a shape is at most 8 integers in '
+                       '[0, 2**31]')
+    try:
+      dtype = np.dtype(dtype) if isinstance(dtype, str) else None
+    except (TypeError, ValueError):
+      dtype = None
+    if dtype is None or dtype.kind not in DTYPE_KINDS:
+      raise ValueError(f'key {key!r}: the dtype is not a plain number')
+    layout.append((key, tuple(shape), dtype))
   return layout
 
 
@@ -150,11 +209,12 @@ def nbytes(layout):
 
 def array_views(buffer, layout, offset):
   """Arrays laid out one after the other from `offset` (aligned), as views
-  of `buffer` (or only the end offset, for None)."""
+  of `buffer` (or only the end offset, for None). Sizes are Python ints:
+  int64 arithmetic would wrap a huge layout to a small one."""
   views = {}
   for key, shape, dtype in layout:
     offset = -(-offset // ALIGN) * ALIGN
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if buffer is not None:
       views[key] = np.frombuffer(
           buffer, dtype, count, offset).reshape(shape)

@@ -319,6 +319,35 @@ def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():
   assert actor.lanes[0].refused == 3
 
 
+@pytest.mark.parametrize('is_eval, needle', [
+    (np.array([True, False]), "'is_eval'"),  # bool() of it raises
+    (np.int64(1), "'is_eval'"),
+    (np.array('yes'), "'is_eval'"),
+])
+def test_a_bad_meta_value_is_its_senders_error_and_its_batch_is_served(
+    is_eval, needle):
+  config = _fleet_config(free_port(), 2)
+  env = make_env(config.task, config.env)
+  obs = {k: np.asarray(v) for k, v in
+         env.step({'action': np.int32(0), 'reset': True}).items()}
+  recorder = Recorder()
+  actor = Actor(CounterAgent(env.obs_space),
+                ParamsStore({'enc': {}, 'dyn': {}, 'pol': {}}),
+                slots=4, buckets=[1, 2, 4], replay=recorder)
+  actor.compile()
+  metas = [np.bool_(False), is_eval, np.bool_(True)]
+  batch = [Request(('test', e), bytes(8),
+                   {**obs, 'envid': np.int64(e), 'is_eval': meta}, 0.0, e)
+           for e, meta in enumerate(metas)]
+  replies, context = actor.handle(batch)
+  assert isinstance(replies[1], ValueError) and needle in str(replies[1])
+  assert all(set(replies[i]) == {'action', 'reset'} for i in (0, 2))
+  actor.post(batch, context)
+  stored, = recorder.batches
+  np.testing.assert_array_equal(stored['envid'], [0, 2])
+  np.testing.assert_array_equal(stored['is_eval'], [False, True])
+
+
 def test_the_shipper_counts_what_replay_acknowledged_and_drains_in_flight():
   """`stored` counts the train rows replay answered for (`served` counts
   them when sent); drain waits for the answers still out, up to a

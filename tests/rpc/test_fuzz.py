@@ -9,7 +9,6 @@ fast.
 """
 
 import contextlib
-import json
 import socket
 import time
 
@@ -23,7 +22,9 @@ from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc.server_socket import BadCall, parse_call
-from test_shm import LAYOUT, Recorder, attach, raw, serving
+from test_shm import (
+    LAYOUT, Recorder, attach, nested, raw, serves_tcp_and_shm_callers,
+    serving)
 
 FUZZ = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -116,24 +117,31 @@ def test_a_tcp_server_survives_any_frames_and_serves_the_others(frames):
     assert len(server.socket.conns) <= 1
 
 
+# Shapes: small, huge (their element count overflows int64), non-finite
+# or not integers at all; a JSON float such as 1e400 parses as Infinity.
+DIM = st.one_of(st.integers(-2, 1 << 20), st.sampled_from(
+    [2 ** 31, 2 ** 31 + 1, 2 ** 63, 2 ** 64, float('inf'), float('-inf'),
+     float('nan'), 1e300, 2.5, '3', None, [2]]))
 LEAF = st.tuples(st.sampled_from(['x', 'envid', 'y', '']),
-                 st.lists(st.integers(-2, 1 << 20), max_size=3),
-                 st.sampled_from(['<i8', '<f4', '|O', 'xx', '<u1']))
+                 st.one_of(st.lists(DIM, max_size=9), DIM),
+                 st.sampled_from(['<i8', '<f4', '|O', 'xx', '<u1', 3]))
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=60)
 @given(request=st.lists(LEAF, max_size=3), reply=st.lists(LEAF, max_size=2),
-       garbage=st.one_of(st.none(), st.binary(max_size=32)))
+       raw_spec=st.one_of(
+           st.none(),
+           st.binary(max_size=32),  # Not even JSON.
+           st.integers(500, 20000).map(nested)),
+       size=st.sampled_from([1 << 16, 0]))  # 0: an empty memfd
 def test_an_shm_server_answers_any_slot_layout_and_serves_the_others(
-    request, reply, garbage):
-  with serving(Recorder()) as (server, addr):
+    request, reply, raw_spec, size):
+  with serving(Recorder(), transports=('tcp', 'shm')) as (server, addr):
     with contextlib.closing(raw(addr)) as sock:
       layout = {'request': [list(leaf) for leaf in request],
                 'reply': [list(leaf) for leaf in reply]}
-      if garbage is not None:  # Not even JSON.
-        layout = {'request': garbage.hex(), 'reply': json.dumps(garbage.hex())}
-      got, _ = attach(sock, layout, size=1 << 16)
+      got, _ = attach(sock, layout, size=size, spec=raw_spec)
       assert got[:1] in (b'A', b'E'), got
       got, _ = attach(sock, LAYOUT, index=1)  # Still usable.
       assert got[:1] == b'A', got
-    assert server.error is None
+    serves_tcp_and_shm_callers(server, addr)

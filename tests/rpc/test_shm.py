@@ -15,6 +15,7 @@ import socket
 import threading
 
 import numpy as np
+import portal
 import pytest
 
 from dreamer_ver.actor import preemption
@@ -39,10 +40,10 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def serving(handler, **kwargs):
+def serving(handler, transports=('shm',), **kwargs):
   addr = f'127.0.0.1:{free_port()}'
   server = BatchServer(addr, handler, preemption.Fixed(1),
-                       transports=('shm',), **kwargs).start()
+                       transports=transports, **kwargs).start()
   try:
     yield server, addr
   finally:
@@ -105,6 +106,21 @@ def test_a_wrong_token_is_refused_and_others_are_served(capfd):
     good.close()
 
 
+def test_a_client_sends_no_token_to_a_server_of_another_user(monkeypatch):
+  # Whoever serves the socket would get the run token: a client checks the
+  # server's user first (here the kernel's answer is made another user's).
+  with serving(Recorder(), handshake='dreamer_ver:secret') as (server, addr):
+    monkeypatch.setattr(protocol, 'peer_uid', lambda sock: os.getuid() + 1)
+    tricked = ShmClient(addr, SPACE, 'dreamer_ver:secret')
+    assert not tricked.connect(Waits(3))
+    assert tricked.sock is None and server.connections == []
+    monkeypatch.undo()  # The server's own user: served.
+    c, connected = client(addr, handshake='dreamer_ver:secret')
+    assert connected
+    np.testing.assert_array_equal(call(c, [1, 2], 0)['y'], [2, 4])
+    c.close()
+
+
 def _dies_mid_write(addr, ready):
   c, connected = client(addr)
   assert connected
@@ -141,22 +157,26 @@ def test_a_client_killed_mid_write_hands_nothing_over_and_frees_its_id():
 def raw(addr, handshake=b'portal_handshake'):
   sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   sock.settimeout(TIMEOUT)
-  sock.connect(protocol.endpoint(addr))
+  sock.connect(protocol.endpoints(addr, handshake)[0])
   sock.send(b'H' + handshake)
   assert sock.recv(16) == b'A'
   return sock
 
 
-def attach(sock, layout, sealed=True, size=4096, method='act', index=0):
+def attach(sock, layout, sealed=True, size=4096, method='act', index=0,
+           spec=None):
+  """Offers a slot of `size` bytes with `layout` (or the raw `spec` bytes);
+  the server's answer and the memory (None if empty)."""
   fd = os.memfd_create('test', os.MFD_ALLOW_SEALING)
   try:
     os.ftruncate(fd, size)
     if sealed:
       import fcntl
       fcntl.fcntl(fd, fcntl.F_ADD_SEALS, protocol.SEALS)
-    spec = json.dumps({'method': method, **layout}).encode()
+    if spec is None:
+      spec = json.dumps({'method': method, **layout}).encode()
     socket.send_fds(sock, [b'S' + protocol.SLOT.pack(index) + spec], [fd])
-    return sock.recv(4096), mmap.mmap(fd, size)
+    return sock.recv(4096), size and mmap.mmap(fd, size)
   finally:
     os.close(fd)
 
@@ -182,6 +202,57 @@ def test_bad_slots_are_refused_with_a_reason(case, answer):
       assert got == b'A' + protocol.SLOT.pack(0)
     assert server.error is None
     assert server.stats()['errors'] == 1
+
+
+def nested(depth):
+  """A slot spec nested `depth` lists deep: JSON, but too deep to parse."""
+  return (b'{"method": "act", "request": ' + b'[' * depth + b']' * depth
+          + b', "reply": []}')
+
+
+@pytest.mark.parametrize('case', [
+    dict(size=0, layout={'request': [], 'reply': []}),  # an empty memfd
+    dict(layout={'request': [['x', [float('inf')], '<i8']], 'reply': []}),
+    dict(layout={'request': [['x', [float('nan')], '<i8']], 'reply': []}),
+    dict(layout={'request': [['x', [2.5], '<i8']], 'reply': []}),
+    dict(layout={'request': [['x', [2 ** 64], '<i8']], 'reply': []}),
+    # 2**248 elements: int64 arithmetic wraps to 0 and passes a size check.
+    dict(layout={'request': [['x', [2 ** 31] * 8, '|u1']], 'reply': []}),
+    dict(layout={'request': [['x', [2 ** 31] * 4, '<i8']], 'reply': []}),
+    dict(layout={'request': [['x', '12', '<i8']], 'reply': []}),
+    dict(layout={'request': [['x', [2], ['<i8']]], 'reply': []}),
+    dict(layout={'request': {'x': 1}, 'reply': []}),
+    dict(layout={'request': [['x', [2]]], 'reply': []}),
+    dict(layout={'request': [], 'reply': []}, method=['act']),
+    dict(layout=None, spec=b'[1, 2]'),
+    dict(layout=None, spec=nested(5000)),
+], ids=['empty-memfd', 'inf', 'nan', 'float', 'huge', 'overflow-u1',
+        'overflow-i8', 'str-shape', 'list-dtype', 'dict-layout', 'two-fields',
+        'list-method', 'not-a-dict', 'deep-json'])
+def test_a_malformed_layout_is_its_senders_error_and_others_are_served(case):
+  with serving(Recorder(), transports=('tcp', 'shm')) as (server, addr):
+    with contextlib.closing(raw(addr)) as sock:
+      got, _ = attach(sock, **case)
+      assert got[:1] == b'E', got
+    serves_tcp_and_shm_callers(server, addr)
+
+
+def serves_tcp_and_shm_callers(server, addr):
+  """Asserts that a TCP caller and an shm caller of a server with both
+  transports are served, and that serving never stopped."""
+  assert server.error is None
+  tcp = portal.Client(addr, 'Honest', logging=False)
+  try:
+    reply = tcp.act({'x': np.array([5, 6]), 'envid': np.int64(1)})
+    np.testing.assert_array_equal(reply.result(timeout=TIMEOUT)['y'],
+                                  [10, 12])
+  finally:
+    tcp.close()
+  good, connected = client(addr)
+  assert connected
+  np.testing.assert_array_equal(call(good, [1, 2], 0)['y'], [2, 4])
+  good.close()
+  assert server.error is None
 
 
 def test_a_slot_of_more_rows_than_the_cap_is_refused():
@@ -258,7 +329,7 @@ def test_the_socket_is_a_path_only_this_user_can_reach_and_goes_with_its_server(
   # An abstract socket name can be bound by any local user first: that
   # squatter would receive the token of every env client.
   with serving(Recorder()) as (server, addr):
-    path = protocol.endpoint(addr)
+    path = protocol.endpoints(addr, b'portal_handshake')[0]
     folder = os.path.dirname(path)
     info = os.stat(folder)
     assert path.startswith('/') and os.path.exists(path)
@@ -269,20 +340,60 @@ def test_the_socket_is_a_path_only_this_user_can_reach_and_goes_with_its_server(
   assert not os.path.exists(path)
 
 
-def test_a_socket_folder_others_can_enter_is_refused(tmp_path, monkeypatch):
+@pytest.fixture
+def private_tmp(monkeypatch):
+  """A temporary folder of the test's own as tempfile's (short: a socket
+  path has at most 107 bytes)."""
+  import shutil
   import tempfile
-  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
-  folder = tmp_path / f'dreamer_ver-{os.getuid()}'
-  folder.mkdir(mode=0o777)
-  folder.chmod(0o777)
+  folder = tempfile.mkdtemp(prefix='shm')
+  monkeypatch.setattr(tempfile, 'tempdir', folder)
+  yield folder
+  shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize('squat', ['open', 'symlink'])
+def test_a_run_starts_when_another_user_made_the_uid_named_folder(
+    private_tmp, squat):
+  # The folder name of the uid alone is predictable: another local user
+  # could make it first (here: one anyone may enter, or a symlink to theirs).
+  predictable = os.path.join(private_tmp, f'dreamer_ver-{os.getuid()}')
+  if squat == 'open':
+    os.mkdir(predictable)
+    os.chmod(predictable, 0o777)
+  else:
+    os.mkdir(predictable + '-theirs', 0o700)
+    os.symlink(predictable + '-theirs', predictable)
+  token = 'dreamer_ver:run-token'
+  with serving(Recorder(), handshake=token) as (server, addr):
+    c, connected = client(addr, handshake=token)
+    assert connected
+    np.testing.assert_array_equal(call(c, [1, 2], 0)['y'], [2, 4])
+    c.close()
+  assert server.error is None
+
+
+@pytest.mark.parametrize('change', ['open', 'symlink'])
+def test_socket_folders_others_can_enter_are_refused(private_tmp, change):
+  token = b'dreamer_ver:run-token'
+  for folder in protocol.socket_folders(token):
+    if change == 'open':
+      os.mkdir(folder)
+      os.chmod(folder, 0o777)
+    else:  # A symlink, even to a folder of ours, may be swapped under us.
+      os.mkdir(folder + '-real', 0o700)
+      os.symlink(folder + '-real', folder)
+  assert protocol.endpoints('127.0.0.1:1234', token, make=True) == []
   with pytest.raises(PermissionError, match='0700'):
-    protocol.endpoint('127.0.0.1:1234')
+    BatchServer('127.0.0.1:1234', Recorder(), preemption.Fixed(1),
+                transports=('shm',), handshake=token.decode())
 
 
 def test_a_stale_socket_file_of_a_killed_server_does_not_block_the_next():
   addr = f'127.0.0.1:{free_port()}'
   stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-  stale.bind(protocol.endpoint(addr))  # Left behind: nobody listens on it.
+  # Left behind: nobody listens on it.
+  stale.bind(protocol.endpoints(addr, b'portal_handshake', make=True)[0])
   stale.close()
   server = BatchServer(addr, Recorder(), preemption.Fixed(1),
                        transports=('shm',)).start()
