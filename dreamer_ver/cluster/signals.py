@@ -6,9 +6,13 @@ import threading
 
 import elements
 
+from dreamer_ver.cluster.supervisor import when_stop_ordered
+
 
 class StopSignal:
   """An event set by SIGINT/SIGTERM (or by hand), so loops can save and exit.
+  In a supervised child the signal sets it once the supervisor orders the
+  stop (`supervisor.when_stop_ordered`), so children stop in order.
 
   Installing handlers only works in the main thread; elsewhere the event is
   still usable and set by whoever owns the process.
@@ -29,8 +33,8 @@ class StopSignal:
     self.previous = {}
 
   def _handle(self, signum, frame):
-    del frame
-    self.event.set()
+    del signum, frame
+    when_stop_ordered(self.event.set)
 
   def __bool__(self):
     return self.event.is_set()

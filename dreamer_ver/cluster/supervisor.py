@@ -16,17 +16,21 @@ from pathlib import Path
 
 from dreamer_ver.cluster.targets import load
 
-SHUTDOWN_SECONDS = 15
+SHUTDOWN_SECONDS = 15  # a stopping child's grace before it is killed
+STOP = b'stop'  # the supervisor's order to a child (`_Parent`)
 # Supervisor that own files in the logdir: one of each per logdir at a time.
 OWNERS = ('replay', 'logger', 'agent')
 _held = []  # This process's role locks, held until it exits.
+_parent = None  # In a supervised child: its `_Parent`.
 
 
-def _call(name, target, config, parent, *args):
-  """Child process entry: stop with the parent, own the logdir's role
-  (`lock_role`), record the pid as `logdir/pids/<name>` (for operators and
-  fault tests), import `module:function`, exit with its code."""
-  _watch_parent(parent)
+def _call(name, target, config, parent, orders, shutdown, *args):
+  """Child process entry: stop when the supervisor says (`_Parent`),
+  own the logdir's role (`lock_role`), record the pid as
+  `logdir/pids/<name>` (for operators and fault tests), import
+  `module:function`, exit with its code."""
+  global _parent
+  _parent = _Parent(parent, orders, shutdown)
   if name in OWNERS:
     _held.append(lock_role(config.logdir, name))
   pids = Path(config.logdir) / 'pids'
@@ -35,15 +39,68 @@ def _call(name, target, config, parent, *args):
   raise SystemExit(load(target)(config, *args) or 0)
 
 
-def _watch_parent(parent):
-  """Stops this process as SIGTERM does (it saves, then exits) once the
-  process `parent` is gone: a supervisor killed outright (SIGKILL, OOM)
-  leaves no orphans writing to the logdir."""
-  def watch():
-    while os.getppid() == parent:
-      time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGTERM)
-  threading.Thread(target=watch, name='ParentWatch', daemon=True).start()
+def when_stop_ordered(stop):
+  """Calls `stop` (from a SIGINT/SIGTERM handler: `signals.StopSignal`) at
+  once, or in a supervised child once its supervisor ordered its stop or
+  is gone: a signal that reaches every process at once (Ctrl-C to the
+  process group, `timeout`, Slurm's cancel) must not stop a server before
+  the clients that the supervisor stops first have saved."""
+  if _parent is None:
+    stop()
+  else:
+    _parent.defer(stop)
+
+
+class _Parent:
+  """A supervised child's view of its supervisor (the process `parent`):
+  it orders this child's stop with a message on the `orders` pipe before
+  its SIGTERM, and when it is gone (EOF, or another parent: a SIGKILL, the
+  OOM killer) this child stops by itself, as on SIGTERM, and is killed
+  after `shutdown` seconds if it has not exited: a stuck orphan would keep
+  its role's lock on the logdir for good."""
+
+  def __init__(self, parent, orders, shutdown):
+    self.parent = parent
+    self.orders = orders
+    self.shutdown = shutdown
+    self.ordered = threading.Event()  # its order came, or it is gone
+    threading.Thread(target=self._watch, name='ParentWatch',
+                     daemon=True).start()
+
+  def defer(self, stop):
+    """Calls `stop` once the order came, or after twice the stop grace
+    without one (the supervisor has stopped the groups before this child's
+    by then, or the signal did not reach it)."""
+    def wait():
+      if not self.ordered.wait(2 * self.shutdown):
+        print(f'No stop order from the supervisor (pid {self.parent}) in '
+              f'{2 * self.shutdown:g} s after SIGINT/SIGTERM; stopping.',
+              flush=True)
+      stop()
+    threading.Thread(target=wait, name='StopOrder', daemon=True).start()
+
+  def _watch(self):
+    gone = not self._order()
+    self.ordered.set()
+    if gone:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(self.shutdown)  # This daemon thread ends with the process.
+      try:
+        print(f'The supervisor (pid {self.parent}) is gone and this child '
+              f'did not stop within {self.shutdown:g} s; killing it.',
+              flush=True)
+      finally:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+  def _order(self):
+    """Waits until the supervisor orders the stop (True) or is gone."""
+    while os.getppid() == self.parent:
+      if self.orders.poll(0.5):
+        try:
+          return self.orders.recv_bytes() == STOP
+        except EOFError:
+          return False
+    return False
 
 
 def lock_role(logdir, role):
@@ -88,17 +145,23 @@ class Supervisor:
   restarted: the run stops with its exit code. Once it answered one (it is
   up), silence for `peer_timeout / 6` seconds is reported by name,
   and for `peer_timeout` means it hangs (stopped, deadlocked, its receive
-  loop dead): it is killed and restarted like a crash. `stop_all()` ends supervision, then stops the children
-  in groups of rising `stop_order` (e.g. envs before the servers they feed,
-  so those save everything): SIGTERM (and SIGCONT, so a stopped child gets
-  it), and a kill for what is still alive after SHUTDOWN_SECONDS.
+  loop dead): it is killed and restarted like a crash. `stop_all()` ends
+  supervision, then stops the children in groups of rising `stop_order`
+  (e.g. envs before the servers they feed, so those save everything): the
+  order (`_Parent`), SIGTERM (and SIGCONT, so a stopped child gets it),
+  and a kill for what is still alive after `shutdown` seconds. A child
+  that gets SIGINT/SIGTERM from elsewhere waits for that order (at most
+  twice `shutdown`), and one whose supervisor is gone stops by itself
+  (killed after `shutdown`).
   """
 
   def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic,
                crash_limit=0, crash_window=300.0, peer_timeout=0,
-               handshake=None):
+               handshake=None, shutdown=SHUTDOWN_SECONDS):
     self.context = multiprocessing.get_context('spawn')
     self.procs = {}
+    self.orders = {}  # name -> the pipe its stop is ordered on
+    self.shutdown = shutdown
     self.specs = {}  # name -> (target, config, args, restart, order, probe)
     self.backoff = backoff
     self.stable = stable
@@ -134,11 +197,24 @@ class Supervisor:
     return proc
 
   def _spawn(self, name, target, config, args):
+    self._order_stop(name)  # A restart: its previous process is dead.
+    orders, self.orders[name] = self.context.Pipe(duplex=False)
     proc = self.context.Process(
-        target=_call, args=(name, target, config, os.getpid(), *args),
-        name=name, daemon=False)
+        target=_call, name=name, daemon=False, args=(
+            name, target, config, os.getpid(), orders, self.shutdown, *args))
     proc.start()
+    orders.close()  # The child's end: EOF in the child once we are gone.
     return proc
+
+  def _order_stop(self, name):
+    """Tells child `name` that the SIGTERM it gets next is our stop."""
+    orders = self.orders.pop(name, None)
+    if orders is not None:
+      try:
+        orders.send_bytes(STOP)
+      except OSError:
+        pass  # It is gone already (a broken pipe).
+      orders.close()
 
   def supervise(self):
     """Restarts dead children whose backoff has passed."""
@@ -164,8 +240,8 @@ class Supervisor:
       if proc.is_alive() or not restart:
         continue
       if proc.exitcode == 0:
-        # It was asked to stop (SIGINT/SIGTERM, e.g. Ctrl-C reaches the
-        # whole process group) and saved: not a crash, not restarted.
+        # It was asked to stop (SIGINT/SIGTERM) and saved: not a crash,
+        # not restarted.
         continue
       if self.gave_up is not None and self.gave_up[0] == name:
         continue
@@ -273,6 +349,7 @@ class Supervisor:
     for group in groups:
       for name in group:
         proc = self.procs[name]
+        self._order_stop(name)
         if proc.is_alive():
           proc.terminate()
           # A stopped (SIGSTOP, hung) child only acts on SIGTERM once it
@@ -281,11 +358,12 @@ class Supervisor:
             os.kill(proc.pid, signal.SIGCONT)
           except ProcessLookupError:
             pass
-      deadline = time.monotonic() + SHUTDOWN_SECONDS
+      deadline = time.monotonic() + self.shutdown
       for name in group:
         self.procs[name].join(max(0.0, deadline - time.monotonic()))
         if self.procs[name].is_alive():
-          print(f'{name} did not stop within {SHUTDOWN_SECONDS} s; killing it.')
+          print(f'{name} did not stop within {self.shutdown:g} s; killing '
+                'it.')
           self.procs[name].kill()
           self.procs[name].join()
 

@@ -50,14 +50,15 @@ def test_stop_all_stops_a_sigstopped_child_gracefully(tmp_path):
 def test_a_child_that_exits_cleanly_is_not_restarted(tmp_path):
   from types import SimpleNamespace
   from dreamer_ver.cluster.supervisor import Supervisor
-  children = Supervisor(backoff=(0.0, 0.0))
+  children = Supervisor(backoff=(0.0, 0.0), shutdown=1.0)
   ready = tmp_path / 'ready'
   proc = children.start('env0', f'{__name__}:_wait_for_stop',
                         SimpleNamespace(logdir=str(tmp_path)), str(ready))
   try:
     assert _wait_for(ready.exists, 60, poll=0.1)
-    # What Ctrl-C does to every process of the group: the child saves and
-    # exits 0 while the parent is still shutting down.
+    # A SIGINT its supervisor did not send (an operator's): the child waits
+    # for the supervisor's order (twice its stop grace), gets none, then
+    # saves and exits 0: not a crash.
     os.kill(proc.pid, signal.SIGINT)
     proc.join(10)
     assert proc.exitcode == 0
@@ -197,40 +198,131 @@ def test_a_crash_loop_stops_the_run_with_a_failure_instead_of_restarting_forever
 
 
 SUPERVISOR = '''
-import sys, time
+import sys
 from types import SimpleNamespace
-sys.path[:0] = sys.argv[3:]
+sys.path[:0] = sys.argv[4:]
+from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.supervisor import Supervisor
-children = Supervisor()
-proc = children.start('replay', 'test_supervisor:_wait_for_stop',
-                      SimpleNamespace(logdir=sys.argv[1]), sys.argv[2])
-print(proc.pid, flush=True)
-time.sleep(600)
+stop = StopSignal()
+children = Supervisor(shutdown=float(sys.argv[2]))
+for order, child in enumerate(sys.argv[3].split(',')):
+  name, target = child.split('=')
+  children.start(name, f'test_supervisor:{target}',
+                 SimpleNamespace(logdir=sys.argv[1]), stop_order=order)
+stop.wait(120)
+children.stop_all()
 '''
 
 
-def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(tmp_path):
-  """SIGKILL of a supervisor leaves no orphan: its child stops (gracefully,
-  as on SIGTERM) within seconds, and its role's lock on the logdir is free
-  for the next owner."""
+def _supervise(logdir, children, shutdown=15):
+  """A supervisor process (a process group of its own, like a terminal's
+  job) of `children`, 'name=function' of this module, stopped in that
+  order; returns it once each child is ready and with each child's pid."""
   import subprocess
-  from dreamer_ver.cluster.supervisor import lock_role
-  ready = tmp_path / 'ready'
   here = str(Path(__file__).parent)
   supervisor = subprocess.Popen(
-      [sys.executable, '-c', SUPERVISOR, str(tmp_path), str(ready), here,
-       str(ROOT / 'tests')], stdout=subprocess.PIPE, text=True)
+      [sys.executable, '-c', SUPERVISOR, str(logdir), str(shutdown),
+       ','.join(children), here, str(ROOT / 'tests')],
+      start_new_session=True)
+  names = [child.split('=')[0] for child in children]
+  ready = lambda: all((logdir / f'{n}.ready').exists() for n in names)
+  if not _wait_for(ready, 60, poll=0.1):
+    supervisor.kill()
+    raise AssertionError('the children never got ready')
+  return supervisor, {
+      name: int((logdir / 'pids' / name).read_text()) for name in names}
+
+
+def _ready(config, name):
+  """Marks child `name` ready (its stop handlers are installed)."""
+  (Path(config.logdir) / f'{name}.ready').write_text('ready')
+
+
+def _ignore_sigterm(config):
+  """A child stuck in a way SIGTERM does not end."""
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  _ready(config, 'replay')
+  time.sleep(120)
+  return 0
+
+
+def _log_stop(config, name, seconds):
+  """Waits for SIGTERM/SIGINT, takes `seconds` to save, then appends
+  `name` to `logdir/stops`. It polls, as the components do: a signal that
+  the kernel hands to another thread runs its handler only once the main
+  thread runs Python again."""
+  from dreamer_ver.cluster.signals import StopSignal
+  stop = StopSignal()
+  _ready(config, name)
+  _wait_for(stop.is_set, 120, poll=0.1)
+  time.sleep(seconds)
+  with open(Path(config.logdir) / 'stops', 'a') as stops:
+    stops.write(f'{name}\n')
+  return 0
+
+
+def _client(config):
+  return _log_stop(config, 'client', 1.0)
+
+
+def _server(config):
+  return _log_stop(config, 'server', 0.0)
+
+
+def _replay(config):
+  return _log_stop(config, 'replay', 0.0)
+
+
+@pytest.mark.parametrize('target,seconds', [
+    ('_replay', 10), ('_ignore_sigterm', 1)])
+def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(
+    tmp_path, target, seconds):
+  """SIGKILL of a supervisor leaves no orphan: its child stops (gracefully,
+  as on SIGTERM) within seconds, or is killed after the supervisor's stop
+  grace (`seconds`) if it does not, and its role's lock on the logdir is
+  free for the next owner."""
+  from dreamer_ver.cluster.supervisor import lock_role
+  supervisor, pids = _supervise(tmp_path, [f'replay={target}'], seconds)
+  child = pids['replay']
   try:
-    child = int(supervisor.stdout.readline())
-    assert _wait_for(ready.exists, 60, poll=0.1)
     with pytest.raises(RuntimeError, match=f'replay.*pid {child}'):
       lock_role(tmp_path, 'replay')  # The live child holds it.
     supervisor.kill()
     supervisor.wait()
     assert _wait_for(lambda: not _alive(child), 10, poll=0.1), 'orphaned'
     os.close(lock_role(tmp_path, 'replay'))
+    if target == '_replay':  # It saved.
+      assert (tmp_path / 'stops').read_text() == 'replay\n'
   finally:
     supervisor.kill()
+    if _alive(child):
+      os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize('how', ['group', 'each'])
+@pytest.mark.parametrize(
+    'sig', [signal.SIGTERM, signal.SIGINT], ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_to_every_process_stops_the_children_in_order(
+    tmp_path, sig, how):
+  """A signal that reaches every process of a run at once (Ctrl-C or
+  `timeout` to the process group; Slurm signals each process) stops the
+  children as the supervisor orders: the client saves while its server
+  still serves, then the server stops."""
+  supervisor, pids = _supervise(
+      tmp_path, ['client=_client', 'server=_server'])
+  try:
+    if how == 'group':
+      os.killpg(supervisor.pid, sig)
+    else:
+      for pid in (supervisor.pid, *pids.values()):
+        os.kill(pid, sig)
+    assert supervisor.wait(timeout=30) == 0
+  finally:
+    try:
+      os.killpg(supervisor.pid, signal.SIGKILL)  # What is left of the run.
+    except ProcessLookupError:
+      pass
+  assert (tmp_path / 'stops').read_text().split() == ['client', 'server']
 
 
 def _alive(pid):
