@@ -6,7 +6,7 @@ alternating order (A B B A, so that drift in the machine's load hits both).
   python bench/e2e.py --upstream SRC --setup --site /tmp/upsite   # once
   python bench/e2e.py --upstream SRC --site /tmp/upsite --tasks dummy_disc \\
       dmc_cartpole_balance --minutes 15 --rounds 2 --out bench/e2e_cpu.json
-  python bench/e2e.py --smoke [--upstream SRC --site DIR]   # a minute each
+  python bench/e2e.py --smoke [--upstream SRC --site DIR]  # 1.5 min each
 
 SRC is a danijar/dreamerv3 checkout (fetched beforehand, never committed);
 `--setup` installs the packages its parallel script needs beyond ours into
@@ -160,21 +160,23 @@ def run_once(system, args, task, logdir, seconds):
                           stderr=subprocess.STDOUT, start_new_session=True)
   watch = Watch(Path(logdir) / 'metrics.jsonl', proc.pid, start)
   try:
-    code = proc.wait(timeout=seconds)  # neither should end by itself
-  except subprocess.TimeoutExpired:
-    code = None
-  cut = time.monotonic() - start
-  if code is None:
-    os.killpg(proc.pid, signal.SIGINT)
     try:
-      proc.wait(timeout=60)
+      code = proc.wait(timeout=seconds)  # neither should end by itself
     except subprocess.TimeoutExpired:
+      code = None
+    cut = time.monotonic() - start
+    if code is None:
+      os.killpg(proc.pid, signal.SIGINT)
+      try:
+        proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        pass
+  finally:  # also when the bench is stopped: no run outlives it
+    try:
       os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
-  try:  # children that outlived their parent
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
+    except ProcessLookupError:
+      pass
+    proc.wait()
   watch.close()
   log.close()
   record = summarize([(t, r) for t, r in watch.lines if t <= cut],
@@ -306,6 +308,24 @@ def figure(result, path):
   subprocess.run(command, check=True, cwd=ROOT)
 
 
+def run_all(args, systems, root):
+  """Every task's rounds, A B B A; the records in run order."""
+  records = []
+  for task in args.tasks:
+    for round_ in range(args.rounds):
+      order = systems if round_ % 2 == 0 else systems[::-1]
+      for system in order:
+        name = re.sub(r'[^\w]', '_', task)
+        logdir = root / f'{name}_{system}_{round_}'
+        print(f'{task} round {round_} {system} ...', flush=True)
+        record = run_once(system, args, task, logdir, args.minutes * 60)
+        record['round'] = round_
+        records.append(record)
+        print(json.dumps({k: v for k, v in record.items()
+                          if k != 'scores'}), flush=True)
+  return records
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--upstream', metavar='SRC', default='',
@@ -329,15 +349,19 @@ def main():
   parser.add_argument('--render_cost', action='store_true')
   parser.add_argument('--render_steps', type=int, default=500)
   parser.add_argument('--smoke', action='store_true',
-                      help='a minute per system, one round, dummy_disc, '
+                      help='1.5 minutes per system, one round, dummy_disc, '
                       'the debug configs (tiny models)')
   parser.add_argument('--logdir', default='',
-                      help='where the runs write (default: a temp folder)')
+                      help='where the runs write (default: a temp folder, '
+                      'removed at the end)')
   parser.add_argument('--out', default='')
   parser.add_argument('--figure', default='')
   args = parser.parse_args()
+  # A deadline's SIGTERM ends the bench as Ctrl-C does, through run_once's
+  # cleanup of the run in progress.
+  signal.signal(signal.SIGTERM, signal.default_int_handler)
   if args.smoke:
-    args.tasks, args.minutes, args.rounds = ['dummy_disc'], 1.0, 1
+    args.tasks, args.minutes, args.rounds = ['dummy_disc'], 1.5, 1
     args.size, args.batch_size, args.batch_length = 'debug', 4, 8
     args.log_every = 5.0
   if args.setup:
@@ -352,21 +376,10 @@ def main():
   systems = ['ours'] if skipped else list(SYSTEMS)
   if skipped:
     print(f'upstream skipped: {skipped}', flush=True)
-  root = Path(args.logdir or tempfile.mkdtemp(prefix='e2e_'))
-  root.mkdir(parents=True, exist_ok=True)
-  records = []
-  for task in args.tasks:
-    for round_ in range(args.rounds):
-      order = systems if round_ % 2 == 0 else systems[::-1]  # A B B A
-      for system in order:
-        name = re.sub(r'[^\w]', '_', task)
-        logdir = root / f'{name}_{system}_{round_}'
-        print(f'{task} round {round_} {system} ...', flush=True)
-        record = run_once(system, args, task, logdir, args.minutes * 60)
-        record['round'] = round_
-        records.append(record)
-        print(json.dumps({k: v for k, v in record.items()
-                          if k != 'scores'}), flush=True)
+  with tempfile.TemporaryDirectory(prefix='e2e_') as temp:
+    root = Path(args.logdir or temp)
+    root.mkdir(parents=True, exist_ok=True)
+    records = run_all(args, systems, root)
   if args.render_cost:
     args.render_cost_ms = round(render_cost(args.render_steps) * 1e3, 3)
   result = report(args, records, skipped)

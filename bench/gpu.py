@@ -19,6 +19,9 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
             that cut launch gaps (`XLA_FLAGS` per command, so each is its
             own process) (`learner_bench.py`, without the matmul floor:
             one compile per product is minutes on a GPU)
+  e2e       the whole system beside upstream DreamerV3's own parallel
+            script (`--upstream`): dmc_walker_walk, 16 envs, 3.5 minutes
+            each (`e2e.py`)
   overhead  per-batch host overhead of the actor against the bare jitted
             step at each padded bucket (`overhead_bench.py`)
   actor     the actor bench's `fast` fleet (dm_control cartpole, about
@@ -55,7 +58,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BENCH = ROOT / 'bench'
-STAGES = ('stack', 'learner', 'overhead', 'actor', 'tests', 'learning')
+STAGES = ('stack', 'learner', 'e2e', 'overhead', 'actor', 'tests',
+          'learning')
 TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
          'tests/system/test_data_parallel.py', 'tests/actor/test_recompile.py',
          'tests/cluster/test_devices.py')
@@ -128,6 +132,16 @@ def stage_commands(stage, args, out):
     return commands
   if stage == 'learner':
     return learner_commands(args, out)
+  if stage == 'e2e':  # both systems' parallel scripts, 3.5 minutes each
+    command = py + [str(BENCH / 'e2e.py'), '--out', str(out / 'e2e.json')]
+    if args.upstream:
+      command += ['--upstream', args.upstream]
+      command += ['--site', args.upstream_site] if args.upstream_site else []
+    if smoke:
+      return [(command + ['--smoke'], 240)]
+    return [(command + [
+        '--tasks', 'dmc_walker_walk', '--envs', '16', '--minutes', '3.5',
+        '--rounds', '1', '--platform', 'cuda', '--dtype', 'bfloat16'], 480)]
   if stage == 'learning':
     seconds = args.learning_minutes * 60
     configs = ['debug'] if smoke else ['dmc_proprio']
@@ -316,6 +330,23 @@ def section(stage, res):
     return rows
   if stage == 'learner':
     return learner_section(res)
+  if stage == 'e2e':
+    rows = ['| task | system | env steps/s | updates/s | first action s | '
+            'first update s | CPU s | peak GB |',
+            '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for task, entry in res.get('tasks', {}).items():
+      for system in ('ours', 'upstream'):
+        if system in entry:
+          r = entry[system]
+          rows.append(
+              f"| {task} | {system} | {r['env_steps_per_s']} | "
+              f"{r['updates_per_s']} | {r['first_action_s']} | "
+              f"{r['first_update_s']} | {r['cpu_s']} | {r['peak_rss_gb']} |")
+      if 'ratios' in entry:
+        rows.append(f"ours / upstream: {json.dumps(entry['ratios'])}")
+    if 'upstream_skipped' in res:
+      rows.append(f"upstream skipped: {res['upstream_skipped']}")
+    return rows
   if stage == 'learning':
     return [f"{res['episodes']} episodes, last at step {res['last_step']}", '',
             res['table']]

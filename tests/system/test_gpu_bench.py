@@ -7,6 +7,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / 'bench'))
@@ -23,8 +25,8 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
   assert sorted(p.name for p in out.iterdir()) == [
       'gpu.json', 'gpu.log', 'gpu.md', 'scores.jsonl']
   records = {r['stage']: r for r in json.loads((out / 'gpu.json').read_text())}
-  assert list(records) == ['stack', 'learner', 'overhead', 'actor', 'tests',
-                           'learning']
+  assert list(records) == ['stack', 'learner', 'e2e', 'overhead', 'actor',
+                           'tests', 'learning']
   assert all(r['ok'] for r in records.values())
   assert records['stack']['results']['backend'] == 'cpu'
   learner = records['learner']['results']
@@ -37,6 +39,21 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
   assert learner['upstream']['rows'][0]['profile']['ops']
   for name in 'fused', 'xla_none':
     assert [r['variant'] for r in learner[name]['rows']] == ['base', 'fuse2']
+  # bench/e2e.py's smoke, our half: CI has no upstream source, and the
+  # results say so.
+  e2e = records['e2e']['results']
+  assert e2e['upstream_skipped'] == 'no upstream source given (--upstream SRC)'
+  entry = e2e['tasks']['dummy_disc']
+  assert 'upstream' not in entry and 'ratios' not in entry
+  (run,) = entry['ours']['rounds']
+  # Stopped at its budget by the bench, not ended by itself or killed.
+  assert run['exit'] is None and 89 <= run['seconds'] <= 92
+  assert run['env_steps'] > 0 and run['updates'] > 0
+  assert 0 < run['first_action_s'] <= run['first_update_s'] <= 90
+  assert run['cpu_s'] > 0 and run['peak_rss_gb'] > 0
+  assert entry['ours']['env_steps_per_s'] == run['env_steps_per_s']
+  assert run['env_steps_per_s'] == pytest.approx(
+      run['env_steps'] / run['seconds'], rel=1e-2)
   buckets = [r['bucket'] for r in records['overhead']['results']]
   assert buckets == [1, 2, 4]
   actor = records['actor']['results']
