@@ -17,7 +17,9 @@ can neither bind it first nor connect, and a client also checks that the
 server runs as its own user before it sends the token. (An abstract socket
 name, which anyone may bind, would hand the token to a squatter.)
 
-  H handshake                    client hello: the run token, as over TCP;
+  H handshake                    client hello: the handshake string (the
+                                 run token in clear: only the same user
+                                 can be at the other end);
                                  answered A, or the connection is closed
   S slot:u32 layout(json) + fd   a new slot: a sealed memfd holding the
                                  request arrays, then the reply arrays;
