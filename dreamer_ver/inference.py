@@ -3,8 +3,8 @@
   server = InferenceServer(fn, spec, carry=None, params=None, cutoff=None,
                            slots=64, transports=('thread',)).start()
   server.client().call({'obs': ..., 'envid': 3})  # this process
-  ShmClient(server.addr, server.out_spec)         # a process on this host
-  portal.Client(server.addr)                      # any host ('tcp')
+  ShmClient(server.addr, server.out_spec, server.handshake)  # this host
+  BlockingClient(server.addr, server.handshake)   # any host ('tcp')
   server.update(new_params, version)              # a trainer's weights
   server.close()
 
@@ -18,11 +18,19 @@ padded batch and hands each caller its row. `fn`, `spec`, `carry`,
 with `params`, `fn` takes them first, `update` swaps them between batches
 without recompiling, and every reply says the `version` that acted.
 `start()` compiles every bucket before serving.
+
+Callers from other processes must know the server's token: `handshake`
+(a fresh secret unless given) is what their clients pass. With
+`plain_handshake=True` an unmodified `portal.Client(server.addr,
+handshake=server.handshake)` gets in too, but then sends the token in
+clear (docs/faults.md, threat model).
 """
+
+import secrets
 
 from dreamer_ver.actor import preemption
 from dreamer_ver.actor.batched_policy import BatchedPolicy
-from dreamer_ver.rpc import BatchServer, free_port
+from dreamer_ver.rpc import BatchServer, free_port, handshake
 
 
 class InferenceServer(BatchServer):
@@ -40,9 +48,12 @@ class InferenceServer(BatchServer):
           f'the cutoff cuts batches of up to {largest}, but the largest '
           f'bucket is {self.policy.max_batch}')
     self.addr = addr or f'localhost:{free_port()}'
+    self.handshake = socket_kwargs.pop(
+        'handshake', None) or handshake(secrets.token_hex(16))
     super().__init__(
         self.addr, self.policy.handle, cutoff, workers=workers,
-        transports=transports, name='InferenceServer', **socket_kwargs)
+        transports=transports, name='InferenceServer',
+        handshake=self.handshake, **socket_kwargs)
 
   @property
   def out_spec(self):

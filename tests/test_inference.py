@@ -8,6 +8,7 @@ env's slot, the numbers an env gets back are wrong.
 
 import multiprocessing
 import queue
+import socket
 import threading
 import time
 
@@ -18,7 +19,7 @@ import pytest
 
 from dreamer_ver.actor import preemption
 from dreamer_ver.inference import InferenceServer
-from dreamer_ver.rpc import ShmClient
+from dreamer_ver.rpc import BlockingClient, ShmClient, split_addr, wire
 from dreamer_ver.rpc.transport import Transport
 from helpers.compiles import compiles
 
@@ -102,7 +103,8 @@ def test_shared_memory_clients_get_their_carries():
     assert server.out_spec == {'count': ((), np.dtype(np.int32)),
                                'total': ((), np.dtype(np.float32)),
                                'double': ((), np.dtype(np.float32))}
-    clients = [ShmClient(server.addr, server.out_spec) for _ in range(envs)]
+    clients = [ShmClient(server.addr, server.out_spec, server.handshake)
+               for _ in range(envs)]
     for client in clients:
       stop = threading.Event()
       timer = threading.Timer(TIMEOUT, stop.set)
@@ -118,11 +120,13 @@ def test_shared_memory_clients_get_their_carries():
   check(results, envs, steps)
 
 
-def test_unmodified_portal_clients_get_their_carries():
+def test_unmodified_portal_clients_get_their_carries_with_the_option():
   envs, steps = 2, 10
   server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs,
-                           transports=('tcp',), logging=False).start()
-  clients = [portal.Client(server.addr, logging=False) for _ in range(envs)]
+                           transports=('tcp',), logging=False,
+                           plain_handshake=True).start()
+  clients = [portal.Client(server.addr, logging=False,
+                           handshake=server.handshake) for _ in range(envs)]
   try:
     results = serve_threads(
         [lambda data, c=c: c.act(data).result(TIMEOUT) for c in clients],
@@ -132,6 +136,40 @@ def test_unmodified_portal_clients_get_their_carries():
       client.close()
     server.close()
   check(results, envs, steps)
+
+
+def test_a_stranger_without_the_token_takes_no_slot():
+  """portal's default handshake (no token) is closed before any call is
+  read; the owner's envs then get every slot."""
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=2,
+                           transports=('tcp',), logging=False).start()
+  stop = threading.Event()
+  timer = threading.Timer(TIMEOUT, stop.set)
+  timer.start()
+  owner = None
+  try:
+    for envid in range(2):
+      with socket.create_connection(split_addr(server.addr), TIMEOUT) as sock:
+        try:
+          sock.sendall(b'portal_handshake')
+          wire.send(sock, wire.request(0, 'act', [{
+              'x': np.float32(1), 'is_first': np.bool_(True),
+              'envid': np.int64(envid)}]))
+          answer = sock.recv(1)
+        except ConnectionResetError:
+          answer = b''
+        assert answer == b'', 'a stranger was answered'
+    owner = BlockingClient(server.addr, server.handshake)
+    assert owner.connect(stop)
+    for envid in range(2):
+      out = owner.call('act', {'x': np.float32(3), 'is_first': np.bool_(True),
+                               'envid': np.int64(envid)}, stop=stop)
+      assert (int(out['count']), float(out['total'])) == (1, 3.0)
+  finally:
+    timer.cancel()
+    if owner is not None:
+      owner.close()
+    server.close()
 
 
 def test_without_carries_bad_calls_fail_alone():

@@ -3,9 +3,10 @@ client settings a run's config implies, and where a peer is now.
 
 Servers bind to the host named in their `host:port` address
 (`rpc/addresses.py`), or to `run.bind_host` when set (e.g. `0.0.0.0` on a
-multi-host run), and accept only clients that present the run token
-(`token.py`). Clients connect to `client_address(addr)`: on a Ray cluster
-the addresses are names that Ray resolves.
+multi-host run), and accept only clients that prove they know the run
+token (`token.py`, `rpc/auth.py`). Clients connect to
+`client_address(addr)`: on a Ray cluster the addresses are names that Ray
+resolves.
 """
 
 import dataclasses
@@ -30,13 +31,15 @@ class Links:
   token: str
   bind_host: str = ''  # the interface servers bind; '' = their address's
   peer_timeout: float = 0.0  # seconds a waiting call bears silence; 0 = ever
+  plain_handshake: bool = False  # servers also take the token in clear
 
   @classmethod
   def of(cls, config):
     """The links of a run config whose token is set (`token.with_token`)."""
     run = config.run
     return cls({server: str(run[key]) for server, key in SERVERS.items()},
-               str(run.token), str(run.bind_host), float(run.peer_timeout))
+               str(run.token), str(run.bind_host), float(run.peer_timeout),
+               bool(run.plain_handshake))
 
   def connect(self, server, name, **options):
     """A futures client (`rpc/client.py`) named `name` to the run's `server`
@@ -46,11 +49,14 @@ class Links:
     return Client(addr, name, **self.client_kwargs(), **options)
 
   def server_kwargs(self):
-    """Keyword arguments for our servers (and portal's): the bind interface
-    when `run.bind_host` sets one, and the token handshake."""
+    """Keyword arguments for our servers: the bind interface when
+    `run.bind_host` sets one, the token handshake, and whether unmodified
+    portal clients may send the token in clear (`run.plain_handshake`)."""
     kwargs = dict(handshake=addresses.handshake(self.token))
     if self.bind_host:
       kwargs['host'] = self.bind_host
+    if self.plain_handshake:
+      kwargs['plain_handshake'] = True
     return kwargs
 
   def client_kwargs(self):

@@ -1,9 +1,11 @@
 """A transport library for portal's wire protocol: what our processes use to
 talk, on one screen. Like portal itself it imports nothing of dreamer_ver;
-an unmodified `portal.Client` talks to our servers, and our clients to
-portal's servers.
+an unmodified `portal.Client` talks to our servers (with a token, only if
+they take plain handshakes), and our clients to portal's servers (without
+a token).
 
-  wire           frames: length prefix, request and reply layout, handshake
+  wire           frames: length prefix, request and reply layout, connect
+  auth           the token handshake: a challenge-response, token unsent
   addresses      'host:port' parsing, bind interface, free ports, handshakes
   server_socket  portal's ServerSocket, hardened (bad frames cost only their
                  connection), plus call parsing and reply sending

@@ -3,8 +3,8 @@
 A server binds to the host named in its `host:port` address, so `localhost`
 listens on loopback only; other interfaces are used only when the address
 names them (or the caller passes a host, e.g. `0.0.0.0`). A client opens
-each connection with a handshake string; servers built with a token accept
-only clients presenting the same token.
+each connection with a handshake: servers built with a token accept only
+clients that prove they know the same token (`auth.py`).
 
 A client's address may also be a function returning 'host:port' (or None
 while unknown): it is called again before every connection attempt, so a
@@ -13,6 +13,8 @@ can tell the clients where it went.
 """
 
 import socket
+
+from . import auth
 
 HANDSHAKE = 'portal_handshake'  # portal's default: no token
 PING = '__ping__'  # a heartbeat: servers answer None from their receive loop
@@ -60,8 +62,9 @@ def bind_host(addr):
 
 
 def handshake(token):
-  """The handshake string for a run token ('' = portal's default)."""
-  return f'dreamer_ver:{token}' if token else HANDSHAKE
+  """The handshake string for a run token ('' = portal's default): clients
+  and servers given it run the exchange of `auth.py`."""
+  return auth.PREFIX + token if token else HANDSHAKE
 
 
 def free_port(host='127.0.0.1'):

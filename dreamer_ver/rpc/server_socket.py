@@ -18,8 +18,8 @@ import numpy as np
 import portal
 from portal import packlib
 
-from . import wire
-from .addresses import bind_host, split_addr
+from . import auth, wire
+from .addresses import HANDSHAKE, bind_host, split_addr
 
 
 class BadCall(Exception):
@@ -68,10 +68,15 @@ class ServerSocket(portal.ServerSocket):
   Upstream, a frame whose length prefix is 0 or above max_msg_size fails an
   assert on the socket thread and kills the socket for every client, and a
   peer that closes mid-handshake makes the socket thread spin. Here both
-  just close that connection. The handshake (the run token) is compared
-  once it is complete, in constant time: upstream compares each prefix as
-  it arrives and closes at the first wrong byte, which tells a caller how
-  much of a guess was right; and its log line quotes both handshakes.
+  just close that connection. With a token (`handshake` names one,
+  `addresses.handshake`) a client must pass the exchange of `auth.py`,
+  which never sends the token; the plain `dreamer_ver:<token>` of an
+  unmodified portal client is taken only with `plain_handshake=True`.
+  Without one, portal's plain handshake is the only one. A plain handshake
+  is compared once it is complete, in constant time: upstream compares
+  each prefix as it arrives and closes at the first wrong byte, which
+  tells a caller how much of a guess was right; and its log line quotes
+  both handshakes.
   Accepted connections get TCP_NODELAY, so small replies are not
   held back by Nagle's algorithm.
 
@@ -94,14 +99,21 @@ class ServerSocket(portal.ServerSocket):
   ROUTINE = ('Binding to', 'Listening at', 'Accepted connection', 'Dropping')
   GONE = ('ConnectionResetError', 'BrokenPipeError', 'EOFError')
 
-  def __init__(self, addr, name, nodelay=True, **kwargs):
+  def __init__(self, addr, name, nodelay=True, plain_handshake=False,
+               handshake=None, **kwargs):
     """Listens on the port of `addr` ('host:port'), on the interface its
     host names unless `host` says otherwise (e.g. `0.0.0.0`)."""
-    self.nodelay = nodelay  # Before super() starts the socket thread.
+    # Before super() starts the socket thread:
+    self.nodelay = nodelay
     self.disconnects = 0  # Counts closed connections, for queue pruning.
+    self.plain = (handshake or HANDSHAKE).encode('utf-8')
+    self.token = auth.token_of(handshake or HANDSHAKE)
+    self.plain_handshake = plain_handshake or self.token is None
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
-    super().__init__(port, name, host=host, ipv6=':' in host, **kwargs)
+    # portal's own handshake check is off (an empty one): `_recv` runs ours.
+    super().__init__(port, name, host=host, ipv6=':' in host, handshake='',
+                     **kwargs)
 
   def _log(self, *args, **kwargs):
     message = ' '.join(map(str, args))
@@ -139,7 +151,7 @@ class ServerSocket(portal.ServerSocket):
     conn.opened = time.monotonic()
 
   def _handshaking(self, conn):
-    return len(conn.handshake) < len(self.handshake)
+    return not getattr(conn, 'trusted', False)
 
   def send_reply(self, addr, reqnum, value):
     """Sends a method's result; False if the caller got an error instead
@@ -180,22 +192,64 @@ class ServerSocket(portal.ServerSocket):
         conn.sock.setsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY, 1)
       except OSError:
         pass
-    before = len(conn.handshake)
-    handshaking = before < len(self.handshake)
+    if self._handshaking(conn):
+      try:
+        self._handshake(conn)
+      except OSError as e:
+        self._drop(conn, e)
+      return
     try:
       super()._recv(conn)
     except AssertionError as e:
       self._drop(conn, ValueError(f'invalid frame length ({e})'))
-      return
-    if handshaking and len(conn.handshake) == before:
-      self._drop(conn, ConnectionResetError('closed during handshake'))
 
   def _handshake(self, conn):
-    conn.handshake += conn.sock.recv(len(self.handshake) - len(conn.handshake))
-    if len(conn.handshake) == len(self.handshake) and not hmac.compare_digest(
-        conn.handshake, self.handshake):
+    """Reads what the peer sent of its handshake; answers a hello, and
+    trusts or closes the connection once the handshake is complete."""
+    got = conn.sock.recv(self._expected(conn) - len(conn.handshake))
+    if not got:
+      raise ConnectionResetError('closed during handshake')
+    conn.handshake += got
+    if len(conn.handshake) < self._expected(conn):
+      return
+    if self.token is not None and auth.is_hello(conn.handshake):
+      self._challenge(conn)
+    elif self.plain_handshake and hmac.compare_digest(
+        conn.handshake, self.plain):
+      conn.trusted = True
+    else:
       self._disconnect(conn, ValueError(
+          'wrong handshake (another run, no token, or a plain one, which '
+          'takes plain_handshake)' if self.token else
           'wrong handshake (another run, or no token)'))
+
+  def _expected(self, conn):
+    """How many bytes of handshake the peer sends, as far as is known."""
+    if self.token is None:
+      return len(self.plain)
+    if len(conn.handshake) < auth.PEEK:
+      return auth.PEEK
+    if auth.is_hello(conn.handshake):
+      return auth.HELLO + (auth.PROOF if hasattr(conn, 'nonce') else 0)
+    return len(self.plain) if self.plain_handshake else auth.PEEK
+
+  def _challenge(self, conn):
+    """Answers a complete hello, or checks the client's proof after it."""
+    hello = conn.handshake[:auth.HELLO]
+    if not hasattr(conn, 'nonce'):
+      try:
+        conn.nonce, answer = auth.answer(self.token, hello)
+      except auth.Refused as e:
+        return self._disconnect(conn, ValueError(f'wrong handshake ({e})'))
+      # A new connection's send buffer takes these few bytes at once.
+      if conn.sock.send(answer) < len(answer):
+        self._disconnect(conn, ConnectionResetError('handshake not sent'))
+    elif auth.proven(self.token, hello, conn.nonce,
+                     conn.handshake[auth.HELLO:]):
+      conn.trusted = True
+    else:
+      self._disconnect(conn, ValueError(
+          'wrong handshake (a client without the run token)'))
 
   def _drop(self, conn, error):
     if self.conns.get(conn.addr) is conn:

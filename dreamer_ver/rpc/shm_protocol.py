@@ -20,7 +20,9 @@ another user made the folder's predictable name first, the server uses a
 folder named after a digest of the run token instead, and clients look in
 both.
 
-  H handshake                    client hello: the run token, as over TCP;
+  H handshake                    client hello: the handshake string (the
+                                 run token in clear: only the same user
+                                 can be at the other end);
                                  answered A, or the connection is closed
   S slot:u32 layout(json) + fd   a new slot: a sealed memfd holding the
                                  request arrays, then the reply arrays;

@@ -4,8 +4,9 @@ A frame is an 8-byte little-endian length and that many bytes. A request is
 (8-byte request number, 8-byte method-name length, method name, portal's
 packed args); a reply is (request number, 8-byte status, packed result or,
 for status != 0, an error message). A new connection first sends the
-handshake string. portal's servers, and our own batch server, read exactly
-this, so clients built on these functions need no change on the server side.
+handshake (`auth.py`: a plain string, or the token exchange). portal's
+servers read exactly this with a plain handshake, and our own servers with
+either, so clients built on these functions need no change on their side.
 """
 
 import select
@@ -15,6 +16,7 @@ import msgpack
 import numpy as np
 from portal import packlib
 
+from . import auth
 from .addresses import current
 
 
@@ -60,9 +62,12 @@ class Refusals:
 
 
 def connect(addr, handshake, stop, retry=0.1):
-  """A connected socket that has sent the handshake; retries until `stop`
-  (a threading.Event or anything with `is_set` and `wait`) is set, then
-  returns None. `addr` is (host, port) or a lookup (`addresses.current`)."""
+  """A connected socket that has passed the handshake (`auth.introduce`);
+  retries until `stop` (a threading.Event or anything with `is_set` and
+  `wait`) is set, then returns None. `addr` is (host, port) or a lookup
+  (`addresses.current`). A server that fails the token exchange is
+  reported the first time, and asked again less and less often."""
+  refusals = Refusals('', retry)  # named at its first refusal
   while not stop.is_set():
     sock = None
     target = current(addr)
@@ -72,8 +77,17 @@ def connect(addr, handshake, stop, retry=0.1):
     try:
       sock = socket.create_connection(target, timeout=1.0)
       sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-      sock.sendall(handshake.encode('utf-8'))
+      auth.introduce(sock, handshake)
       sock.settimeout(None)  # blocking; `recv` polls with select
+    except auth.Refused as e:
+      sock.close()
+      refusals.where = f'{target[0]}:{target[1]}'
+      if not refusals.count:
+        print(f'{refusals.where}: {e}; it was not sent the token.',
+              flush=True)
+      refusals.refused()
+      stop.wait(refusals.delay())
+      continue
     except OSError:
       # Refused, or reset by a server that is shutting down while it
       # accepts (an agent being killed): both mean "try again later".

@@ -1,11 +1,14 @@
 """Who may connect: loopback binding, the run token, and frame size limits."""
 
 import os
+import secrets
 import socket
 import stat
+import threading
 import time
 
 import numpy as np
+import portal
 import pytest
 from portal.client_socket import Disconnected
 from test_shm import Waits
@@ -16,6 +19,7 @@ from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.server import Server
+from dreamer_ver.rpc import auth
 from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal
@@ -70,8 +74,73 @@ def test_localhost_binds_loopback_only(tmp_path):
   assert server_kwargs(multi)['host'] == '0.0.0.0'
 
 
+class Squatter:
+  """What holds a stopped server's port: a plain loopback listener that
+  records everything each connection sends and answers with random bytes
+  (no server proof), until the connection closes."""
+
+  def __init__(self):
+    self.listener = socket.create_server(('127.0.0.1', 0))
+    self.addr = f'127.0.0.1:{self.listener.getsockname()[1]}'
+    self.received = []  # bytes, one entry per closed connection
+    self.cond = threading.Condition()
+    threading.Thread(target=self._serve, daemon=True).start()
+
+  def _serve(self):
+    while True:
+      try:
+        conn, _ = self.listener.accept()
+      except OSError:
+        return
+      data = b''
+      with conn:
+        conn.settimeout(2)
+        try:
+          data += conn.recv(4096)
+          conn.sendall(secrets.token_bytes(auth.ANSWER))
+          while chunk := conn.recv(4096):
+            data += chunk
+        except OSError:
+          pass
+      with self.cond:
+        self.received.append(data)
+        self.cond.notify_all()
+
+  def wait_for(self, count, timeout):
+    """Whether `count` connections closed within `timeout` seconds."""
+    with self.cond:
+      return self.cond.wait_for(lambda: len(self.received) >= count, timeout)
+
+  def close(self):
+    self.listener.close()
+
+
+def test_a_squatter_on_the_port_never_receives_the_token(capfd):
+  token = 'secret-5d1e0b'
+  squatter = Squatter()
+  blocking = BlockingClient(squatter.addr, handshake=handshake(token))
+  link = None
+  try:
+    assert not blocking.connect(Waits(limit=2))
+    link = Client(squatter.addr, 'Link', handshake=handshake(token))
+    assert squatter.wait_for(3, 20), 'the link never gave up its connection'
+  finally:
+    blocking.close()
+    if link is not None:
+      link.close(timeout=2)
+    squatter.close()
+  for sent in squatter.received:
+    assert token.encode() not in sent
+    assert sent[:len(auth.HELLO_TAG)] == auth.HELLO_TAG
+    assert len(sent) == auth.HELLO  # a hello, then no proof
+  out = capfd.readouterr().out
+  assert 'did not prove it knows the run token' in out, out
+  assert token not in out
+
+
 @pytest.mark.parametrize('cutoff', ['ver', 'preempt'])
-def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
+def test_a_server_of_another_token_is_refused_by_the_client(
+    tmp_path, cutoff, capfd):
   port = free_port()
   right, wrong = 'right-7f3a9c', 'wrong-2e81d4'
   config = configlib.override(
@@ -81,28 +150,70 @@ def test_wrong_token_is_refused_right_token_served(tmp_path, cutoff, capfd):
   addr = f'127.0.0.1:{port}'
   good = BlockingClient(addr, handshake=_handshake(_config(tmp_path, right)))
   bad = BlockingClient(addr, handshake=_handshake(_config(tmp_path, wrong)))
+  waits = Waits(limit=5)
   try:
-    assert good.connect(stop) and bad.connect(stop)
-    with pytest.raises(Disconnected):
-      bad.call('act', {'x': np.ones(2)}, stop=stop)
+    assert not bad.connect(waits)
+    # Refused each time, it asks again twice as late, and says so once.
+    assert waits.seconds == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
+    assert good.connect(stop)
     reply = good.call('act', {'x': np.ones(2)}, stop=stop)
     np.testing.assert_array_equal(reply['y'], [2, 2])
   finally:
     good.close()
     bad.close()
     server.close()
-  # The server says why it closed the connection, and shows neither token.
   log = capfd.readouterr().out
-  assert 'wrong handshake' in log, log
+  assert log.count('did not prove it knows the run token') == 1, log
+  # The client stopped before its proof: the server had none to refuse.
+  assert 'wrong handshake' not in log, log
   assert right not in log and wrong not in log, log
 
 
-def test_a_partial_handshake_tells_nothing_about_the_token(tmp_path):
-  """A guessed start of the handshake gets the same answer, none, whether
-  it is right or wrong (closing at the first wrong byte would let a caller
-  find the token a byte at a time); a complete wrong one is closed."""
+def test_a_client_with_a_wrong_proof_is_refused_by_the_server(
+    tmp_path, capfd):
   port = free_port()
-  server = _echo_server(port, _config(tmp_path, 'right-7f3a9c'))
+  right = 'right-7f3a9c'
+  server = _echo_server(port, _config(tmp_path, right))
+  stop = StopSignal(install=False)
+  good = BlockingClient(f'127.0.0.1:{port}', handshake=handshake(right))
+  try:
+    with socket.create_connection(('127.0.0.1', port), timeout=5) as sock:
+      nonce = secrets.token_bytes(auth.NONCE)
+      sock.sendall(auth.HELLO_TAG + nonce)
+      answer = auth._read(sock, auth.ANSWER)
+      # A proof under another token, for this very exchange.
+      sock.sendall(auth._mac('wrong', auth.CLIENT_TAG, nonce,
+                             answer[:auth.NONCE]))
+      assert sock.recv(1) == b''  # closed
+    assert good.connect(stop)
+    reply = good.call('act', {'x': np.ones(2)}, stop=stop)
+    np.testing.assert_array_equal(reply['y'], [2, 2])
+  finally:
+    good.close()
+    server.close()
+  log = capfd.readouterr().out
+  assert 'wrong handshake (a client without the run token)' in log, log
+  assert right not in log, log
+
+
+def test_a_plain_handshake_takes_the_option_and_tells_nothing(tmp_path):
+  """A token sent in clear (an unmodified portal client) is closed unless
+  the server takes plain handshakes. With the option, a guessed start of
+  the handshake gets the same answer, none, whether it is right or wrong
+  (closing at the first wrong byte would let a caller find the token a
+  byte at a time); a complete wrong one is closed."""
+  port = free_port()
+  config = _config(tmp_path, 'right-7f3a9c')
+  server = _echo_server(port, config)
+  try:
+    for plain in (handshake('right-7f3a9c'), handshake('wrong-2e81d4')):
+      with socket.create_connection(('127.0.0.1', port), timeout=5) as sock:
+        sock.sendall(plain.encode())
+        with pytest.raises(ConnectionResetError):  # closed, bytes unread
+          sock.recv(1)
+  finally:
+    server.close()
+  server = _echo_server(port, config, plain_handshake=True)
   try:
     for guess in (handshake('r'), handshake('x')):
       with socket.create_connection(('127.0.0.1', port), timeout=5) as sock:
@@ -117,33 +228,23 @@ def test_a_partial_handshake_tells_nothing_about_the_token(tmp_path):
     server.close()
 
 
-def test_a_refused_client_reconnects_less_often_and_says_why(tmp_path, capfd):
-  """portal's protocol has no handshake reply: a refused client only sees
-  its connection close. It must not reconnect in a tight loop."""
+def test_the_plain_option_lets_an_unmodified_portal_client_in(tmp_path):
   port = free_port()
-  server = _echo_server(port, _config(tmp_path, 'right'))
-  addr = f'127.0.0.1:{port}'
-  bad = BlockingClient(addr, handshake=_handshake(_config(tmp_path, 'wrong')))
-  good = BlockingClient(addr, handshake=_handshake(_config(tmp_path, 'right')))
-  stop = Waits(limit=100)  # never set; records the waits
+  config = configlib.override(
+      _config(tmp_path, 'right-7f3a9c'), {'run.plain_handshake': True})
+  server = Server(f'127.0.0.1:{port}', 'Replay', **server_kwargs(config))
+  server.bind('echo', lambda x: {'x': np.asarray(x) + 1})
+  server.start()
+  theirs = portal.Client(f'127.0.0.1:{port}', 'Theirs', logging=False,
+                         handshake=handshake('right-7f3a9c'))
+  ours = Client(f'127.0.0.1:{port}', 'Ours', **client_kwargs(config))
   try:
-    for _ in range(5):
-      assert bad.connect(stop)
-      with pytest.raises(Disconnected):
-        bad.call('act', {'x': np.ones(2)}, stop=stop)
-    # Before the 2nd to 5th connection: twice as long each time.
-    assert stop.seconds == pytest.approx([0.2, 0.4, 0.8, 1.6])
-    # A client that got replies reconnects at once.
-    for _ in range(2):
-      assert good.connect(stop)
-      assert good.call('act', {'x': np.ones(1)}, stop=stop)['y'] == [2]
-    assert len(stop.seconds) == 4
+    assert theirs.echo(np.int64(1)).result(timeout=20)['x'] == 2
+    assert ours.echo(np.int64(2)).result(timeout=20)['x'] == 3
   finally:
-    good.close()
-    bad.close()
+    theirs.close()
+    ours.close(timeout=2)
     server.close()
-  out = capfd.readouterr().out
-  assert out.count('closed 3 connections in a row') == 1, out
 
 
 def test_a_refused_link_reconnects_less_often(tmp_path, capfd):
@@ -158,7 +259,7 @@ def test_a_refused_link_reconnects_less_often(tmp_path, capfd):
                 **client_kwargs(_config(tmp_path, 'wrong-2e81d4')))
   try:
     deadline = time.monotonic() + 30
-    while link._refusals.count < 3 and time.monotonic() < deadline:
+    while server.socket.disconnects < 3 and time.monotonic() < deadline:
       time.sleep(0.01)
     # Waits of 0.2 and 0.4 s came before the 2nd and 3rd connection; the
     # 4th is 0.8 s away (in a tight loop there would be hundreds by now).
@@ -167,7 +268,8 @@ def test_a_refused_link_reconnects_less_often(tmp_path, capfd):
     link.close()
     server.close()
   out = capfd.readouterr().out
-  assert out.count('Link: the server closed 3 connections in a row') == 1, out
+  assert out.count('did not prove it knows the run token') == 1, out
+  assert out.count('closed 3 connections in a row') == 1, out
 
 
 def test_oversized_frame_is_refused_before_buffering(tmp_path):
@@ -178,7 +280,7 @@ def test_oversized_frame_is_refused_before_buffering(tmp_path):
   good = BlockingClient(f'127.0.0.1:{port}', handshake=_handshake(config))
   try:
     raw = socket.create_connection(('127.0.0.1', port), timeout=5)
-    raw.sendall(client_kwargs(config)['handshake'].encode())
+    auth.introduce(raw, client_kwargs(config)['handshake'])
     raw.sendall((1 << 40).to_bytes(8, 'little'))  # Claims a 1 TiB message.
     raw.settimeout(5)
     start = time.monotonic()
