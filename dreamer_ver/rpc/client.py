@@ -146,9 +146,12 @@ class Client:
                         -1 if timeout is None else timeout)
 
   def _fail_inflight(self, error, wait=-1):
-    """Fails the calls in flight; waits at most `wait` seconds (-1: for
-    ever) for a send in progress (a reconnect's resend to a peer that
-    stopped reading can block)."""
+    """Fails the calls in flight. A send in progress (blocked, if the peer
+    stopped reading) is cut off by shutting the socket down first, then
+    waited for at most `wait` seconds (-1: until it ends)."""
+    sock = self._sock
+    if sock is not None:
+      _shutdown(sock)
     locked = self._send_lock.acquire(timeout=wait)
     try:
       with self._cond:

@@ -10,7 +10,10 @@ length, method name, portal's packed args); a reply is (request number,
   status 2  could not decode it    status 4  bad argument or method error
 """
 
+import collections
 import hmac
+import os
+import selectors
 import socket as socketlib
 import time
 
@@ -91,11 +94,26 @@ class ServerSocket(portal.ServerSocket):
   Only problems are printed: portal's lines for binding, every accepted
   connection, a peer that went away (reset, end of file) and replies
   dropped for it are routine and would bury a run's progress; a refused
-  handshake or a broken frame is still printed.
+  handshake or a broken frame is still printed, the first LOG_BURST of
+  each LOG_PERIOD seconds, then how many more there were.
+
+  The socket thread's loop is this class's own (`_loop`): upstream's
+  retries a write that fails for good (e.g. of more than 1,024 buffers)
+  for ever, so the connection's later replies never leave, and it caps
+  the replies queued for all connections together, so one client that
+  never reads its replies makes every other lose theirs. Here replies go
+  out as `wire.Frame`s, a failed write closes its connection, and each
+  connection may queue `max_send_queue` replies: a connection past that
+  is closed (its client reconnects and resends its calls), the others are
+  unaffected. The loop checks the handshake deadlines every TICK seconds,
+  so that they hold while no one else connects.
   """
 
   HANDSHAKE_SECONDS = 10.0
   MAX_HANDSHAKING = 64
+  LOG_BURST = 5
+  LOG_PERIOD = 60.0
+  TICK = 0.2  # Seconds between the loop's checks of deadlines.
   ROUTINE = ('Binding to', 'Listening at', 'Accepted connection', 'Dropping')
   GONE = ('ConnectionResetError', 'BrokenPipeError', 'EOFError')
 
@@ -109,6 +127,9 @@ class ServerSocket(portal.ServerSocket):
     self.plain = (handshake or HANDSHAKE).encode('utf-8')
     self.token = auth.token_of(handshake or HANDSHAKE)
     self.plain_handshake = plain_handshake or self.token is None
+    self._problems = LogLimit(
+        lambda line: super(ServerSocket, self)._log(line),
+        self.LOG_BURST, self.LOG_PERIOD)
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
     # portal's own handshake check is off (an empty one): `_recv` runs ours.
@@ -121,20 +142,76 @@ class ServerSocket(portal.ServerSocket):
         message.startswith('Closed connection') and (
             '(' not in message or any(g in message for g in self.GONE))):
       return
+    if message.startswith('Closed connection'):
+      self._problems(message, message[message.index('(') + 1:-1])
+      return
     super()._log(*args, **kwargs)
 
-  def _accept(self, sock):
-    now = time.monotonic()
+  def _loop(self):
+    try:
+      ticked = 0.0
+      while self.running or self._numsending():
+        for key, mask in self.sel.select(timeout=self.TICK):
+          if key.data == 'signal':
+            os.read(self.get_signal, 4096)
+          elif key.data is None:
+            if self.reading:
+              self._accept(key.fileobj)
+          elif (mask & selectors.EVENT_READ and self.reading
+                and self.conns.get(key.data.addr) is key.data):
+            self._recv(key.data)  # (Unless closed earlier in this round.)
+        for conn in [c for c in self.conns.values() if c.sendbufs
+                     or getattr(c, 'events', 0) & selectors.EVENT_WRITE]:
+          self._flush(conn)
+        if time.monotonic() - ticked >= self.TICK:
+          ticked = time.monotonic()
+          self._waiting(ticked)
+          self._problems.flush(ticked)
+    except Exception as e:
+      self.error = e
+
+  def _flush(self, conn):
+    """Writes `conn`'s queued frames until the kernel takes no more, and
+    has the loop woken when it takes more. A write that fails other than
+    for room closes the connection: retrying it would fail again."""
+    if getattr(conn, 'overflowed', False):
+      self._drop(conn, BufferError(
+          f'{self.options.max_send_queue} replies queued; the client does '
+          'not read them'))
+      return
+    try:
+      while conn.sendbufs:
+        conn.sendbufs[0].send(conn.sock)
+        if conn.sendbufs[0].done():
+          conn.sendbufs.popleft()
+    except BlockingIOError:
+      pass
+    except OSError as e:
+      self._drop(conn, e)
+      return
+    events = selectors.EVENT_READ | (
+        selectors.EVENT_WRITE if conn.sendbufs else 0)
+    if events != getattr(conn, 'events', selectors.EVENT_READ):
+      self.sel.modify(conn.sock, events, conn)
+    conn.events = events
+
+  def _waiting(self, now):
+    """Closes the connections past their handshake deadline; returns those
+    still handshaking, oldest first."""
     for conn in self.conns.values():
-      if not hasattr(conn, 'opened'):  # Missed below (a replaced entry).
+      if not hasattr(conn, 'opened'):  # Missed in _accept (a replaced entry).
         conn.opened = now
     waiting = sorted((c for c in self.conns.values() if self._handshaking(c)),
                      key=lambda c: c.opened)
-    for conn in waiting:
-      if (now - conn.opened > self.HANDSHAKE_SECONDS
-          or len(waiting) >= self.MAX_HANDSHAKING):
-        waiting = waiting[1:]
-        self._drop(conn, TimeoutError('no handshake in time'))
+    late = [c for c in waiting if now - c.opened > self.HANDSHAKE_SECONDS]
+    for conn in late:
+      self._drop(conn, TimeoutError('no handshake in time'))
+    return waiting[len(late):]
+
+  def _accept(self, sock):
+    waiting = self._waiting(time.monotonic())
+    while len(waiting) >= self.MAX_HANDSHAKING:
+      self._drop(waiting.pop(0), TimeoutError('too many handshakes waiting'))
     try:
       super()._accept(sock)
     except OSError as e:  # EMFILE, ENFILE, ECONNABORTED, ...
@@ -161,29 +238,28 @@ class ServerSocket(portal.ServerSocket):
     except Exception as e:
       return self.send_error(addr, reqnum, 4,
                         f'Could not pack reply: {type(e).__name__}: {e}')
-    return self._send(addr, reqnum, _status(0), *buffers)
+    return self.send(addr, reqnum, _status(0), *buffers)
 
   def send_error(self, addr, reqnum, status, message):
     """Sends an error reply. Returns False (the call was not served)."""
-    self._send(addr, reqnum, _status(status), message.encode('utf-8'))
+    self.send(addr, reqnum, _status(status), message.encode('utf-8'))
     return False
 
-  def _send(self, addr, *buffers):
-    for _ in range(3):
-      try:
-        self.send(addr, *buffers)
-        return True
-      except RuntimeError as e:
-        # ServerSocket.send counts queued messages by iterating its
-        # connection table, which its own thread may resize meanwhile.
-        if 'changed size' in str(e):
-          continue
-        print(f'{self.name}: could not send reply ({e})')
-        return False
-      except Exception as e:
-        print(f'{self.name}: could not send reply ({type(e).__name__}: {e})')
-        return False
-    return False
+  def send(self, addr, *buffers):
+    """Queues one frame for `addr`; False if that connection is gone, or
+    has `max_send_queue` frames queued (the loop then closes it)."""
+    if self.error:
+      print(f'{self.name}: could not send reply ({self.error!r})')
+    conn = self.conns.get(addr) if self.running and not self.error else None
+    if conn is None or getattr(conn, 'overflowed', False):
+      return False
+    full = len(conn.sendbufs) >= self.options.max_send_queue
+    if full:
+      conn.overflowed = True  # The loop closes the connection.
+    else:
+      conn.sendbufs.append(wire.Frame(buffers))
+    os.write(self.set_signal, bytes(1))
+    return not full
 
   def _recv(self, conn):
     if self.nodelay and not getattr(conn, 'nodelay', False):
@@ -258,6 +334,36 @@ class ServerSocket(portal.ServerSocket):
   def _disconnect(self, conn, error):
     super()._disconnect(conn, error)
     self.disconnects += 1
+
+
+class LogLimit:
+  """Writes the first `burst` lines of each `period` seconds; at the end
+  of a period (`flush`), one line says how many more there were, by kind,
+  so that a flood of refused connections cannot flood the log."""
+
+  def __init__(self, write, burst, period):
+    self.write = write
+    self.burst = burst
+    self.period = period
+    self.start = time.monotonic()
+    self.written = 0
+    self.held = collections.Counter()  # kind -> lines not written
+
+  def __call__(self, line, kind):
+    if self.written < self.burst:
+      self.written += 1
+      self.write(line)
+    else:
+      self.held[kind] += 1
+
+  def flush(self, now):
+    if now - self.start < self.period:
+      return
+    if self.held:
+      kinds = ', '.join(f'{n} x {kind}' for kind, n in self.held.items())
+      self.write(f'{sum(self.held.values())} more like these in the last '
+                 f'{now - self.start:.0f} s: {kinds}')
+    self.start, self.written, self.held = now, 0, collections.Counter()
 
 
 def _status(code):

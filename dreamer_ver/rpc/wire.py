@@ -9,6 +9,7 @@ servers read exactly this with a plain handshake, and our own servers with
 either, so clients built on these functions need no change on their side.
 """
 
+import itertools
 import select
 import socket
 
@@ -107,9 +108,49 @@ def request(reqnum, method, args):
 
 
 def send(sock, parts):
-  """Sends one frame; raises OSError when the connection is gone."""
-  size = sum(len(memoryview(p).cast('B')) for p in parts)
-  sock.sendmsg([size.to_bytes(8, 'little'), *parts])
+  """Sends one frame on a blocking socket; raises OSError when the
+  connection is gone."""
+  frame = Frame(parts)
+  while not frame.done():
+    frame.send(sock)
+
+
+IOV_MAX = 512  # Buffers per write: the kernel refuses more than 1,024.
+JOIN_BELOW = 1 << 16  # Parts smaller than this are copied into one buffer.
+
+
+class Frame:
+  """One frame on its way out (length prefix and `parts`), for clients and
+  servers alike. portal packs each leaf of a message as its own buffer,
+  and a write of more than 1,024 buffers fails, so here runs of small
+  parts are joined into one buffer (large arrays are still sent without a
+  copy), each write passes at most IOV_MAX buffers, and a write that the
+  kernel takes only in part continues where it stopped."""
+
+  def __init__(self, parts):
+    views = [memoryview(part).cast('B') for part in parts]
+    size = sum(len(view) for view in views)
+    self.buffers = []
+    runs = itertools.groupby(
+        [size.to_bytes(8, 'little'), *views], lambda b: len(b) >= JOIN_BELOW)
+    for large, run in runs:
+      self.buffers += run if large else [memoryview(b''.join(run))]
+    self.next = 0  # The first buffer not yet sent in full.
+
+  def send(self, sock):
+    """One write; raises BlockingIOError on a non-blocking socket that is
+    full, and OSError when the connection is gone."""
+    sent = sock.sendmsg(self.buffers[self.next:self.next + IOV_MAX])
+    while sent:
+      head = self.buffers[self.next]
+      if sent < len(head):
+        self.buffers[self.next] = head[sent:]
+        return
+      sent -= len(head)
+      self.next += 1
+
+  def done(self):
+    return self.next == len(self.buffers)
 
 
 def recv(sock, stop, max_size, poll=0.5):

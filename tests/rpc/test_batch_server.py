@@ -21,7 +21,8 @@ import pytest
 
 from dreamer_ver.actor import preemption
 from dreamer_ver.rpc.batch_server import BatchServer
-from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.addresses import PING, free_port
+from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.shm_client import ShmClient
 
 TIMEOUT = 5.0
@@ -642,3 +643,26 @@ def test_an_env_id_belongs_to_one_connection_at_a_time(transport):
       wait_until(lambda: len(server.connections) == 1)
       reply = result(second.act({'x': 5 * x, 'envid': np.int64(5)}))
       np.testing.assert_array_equal(reply['y'], 10 * x)
+
+
+def test_a_heartbeat_is_answered_while_the_handler_is_busy():
+  # The tcp transport's receive loop answers a client's PING itself (as
+  # the RPC server does), so a busy batch server is not taken for a hung one.
+  gate = threading.Event()
+
+  def handler(requests):
+    gate.wait(TIMEOUT)
+    return [{'y': r.data['x'] * 2} for r in requests], None
+
+  with serving(handler, production_cutoff('ver')) as (_, addr):
+    with connected(addr) as (busy,):
+      link = Client(addr, 'Heartbeat')
+      try:
+        pending = busy.act({'x': np.array([3])})
+        assert link.call(PING).result(timeout=TIMEOUT) is None
+        assert not pending.done()
+        gate.set()
+        assert result(pending)['y'].tolist() == [6]
+      finally:
+        gate.set()
+        link.close(timeout=1)

@@ -436,3 +436,39 @@ def test_a_drop_link_to_a_silent_peer_reports_but_never_fails(capsys):
   finally:
     client.close(timeout=2)
     listener.close()
+
+
+def test_the_peer_deadline_fails_a_link_whose_call_is_stuck_sending():
+  # The peer takes the connection and never reads or answers: a large call
+  # blocks in its send, holding the send lock, when peer_timeout fires.
+  # Failing the calls in flight waited for that lock without limit.
+  listener = socket.create_server(('127.0.0.1', 0))
+  listener.settimeout(5)
+  client = Client(f'127.0.0.1:{listener.getsockname()[1]}', 'Stuck',
+                  peer_timeout=1.0)
+  peer, _ = listener.accept()
+  outcome = []
+
+  def send():
+    try:
+      outcome.append(client.call('put', np.zeros(256 << 20, np.uint8)))
+    except Exception as e:
+      outcome.append(e)
+
+  sender = threading.Thread(target=send, daemon=True)
+  try:
+    deadline = time.monotonic() + 5
+    while not client.connected and time.monotonic() < deadline:
+      time.sleep(0.01)
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive(), 'the call stayed stuck in its send'
+    error = outcome[0]  # Raised by call(), or the future's exception.
+    if not isinstance(error, Exception):
+      error = error.exception(5)
+    assert isinstance(error, Disconnected) and 'PeerStalled' in str(error)
+    assert isinstance(client.error, client_module.PeerStalled)
+  finally:
+    peer.close()
+    listener.close()
+    client.close(timeout=2)

@@ -4,6 +4,8 @@ order per pool, pools that do not block each other, and a close that lets
 accepted calls reply."""
 
 import contextlib
+import errno
+import os
 import socket
 import threading
 import time
@@ -11,6 +13,7 @@ import time
 import numpy as np
 import portal
 import pytest
+from helpers.sockets import closed_by_peer
 
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.addresses import free_port
@@ -150,3 +153,74 @@ def test_only_problems_reach_the_terminal(capfd):
                   'ConnectionResetError'):
     assert routine not in out, out
   assert 'wrong handshake' in out, out
+
+
+def _leaves(count):
+  return {f'k{i}': np.full(i % 3 + 1, i) for i in range(count)}
+
+
+def _check_leaves(tree, count):
+  assert sorted(tree) == sorted(f'k{i}' for i in range(count))
+  for i in range(count):
+    np.testing.assert_array_equal(tree[f'k{i}'], np.full(i % 3 + 1, i))
+
+
+def test_a_call_of_thousands_of_leaves_is_served():
+  # Each leaf used to be a buffer of its own, and one write takes at most
+  # 1,024: the client's send failed, it reconnected and resent for ever.
+  with _serving({'total': lambda tree: sum(int(v.sum()) for v in
+                                           tree.values())}) as (_, client, _):
+    expected = sum(int(v.sum()) for v in _leaves(3000).values())
+    assert client.total(_leaves(3000)).result(timeout=20) == expected
+
+
+def test_a_reply_of_thousands_of_leaves_arrives():
+  # The server's write of it failed the same way, and the reply stayed at
+  # the head of the connection's queue for ever.
+  with _serving({'leaves': lambda n: _leaves(int(n))}) as (_, client, _):
+    _check_leaves(client.leaves(3000).result(timeout=20), 3000)
+    assert client.leaves(2).result(timeout=20)['k1'].tolist() == [1, 1]
+
+
+def test_a_write_that_keeps_failing_closes_its_connection(monkeypatch):
+  # A reply the kernel refuses (not for lack of room) would be refused
+  # again: the connection is closed, not kept with its queue stuck.
+  from dreamer_ver.rpc import wire
+
+  def refuse(*args):
+    raise OSError(errno.EINVAL, 'Invalid argument')
+
+  with _serving({'echo': lambda x: x}) as (_, _, port):
+    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                        threading.Event())
+    with contextlib.closing(sock):
+      monkeypatch.setattr(os, 'writev', refuse)  # portal's way to write
+      monkeypatch.setattr(socket.socket, 'sendmsg', refuse)
+      body = b''.join(bytes(memoryview(part).cast('B'))
+                      for part in wire.request(1, 'echo', (1,)))
+      sock.sendall(len(body).to_bytes(8, 'little') + body)
+      assert closed_by_peer(sock, 10)
+
+
+def test_a_client_that_never_reads_its_replies_loses_only_its_connection():
+  # Replies queued for one connection count against that connection's
+  # limit only: before, the limit was shared, and every other caller's
+  # replies (heartbeat answers too) were dropped while it was full.
+  from dreamer_ver.rpc import wire
+  big = np.ones(1 << 20, np.uint8)
+  methods = {'big': lambda: big, 'add': lambda x, y: x + y}
+  with _serving(methods, max_send_queue=8) as (server, client, port):
+    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                        threading.Event())
+    with contextlib.closing(sock):
+      for reqnum in range(64):  # More than the socket buffers can hold.
+        wire.send(sock, wire.request(reqnum, 'big', ()))
+      # Until its replies are all queued or dropped, or it was closed.
+      served, deadline = 0, time.monotonic() + 20
+      while served < 64 and not server.socket.disconnects and (
+          time.monotonic() < deadline):
+        stats = server.stats()
+        served += stats['replies'] + stats['errors']
+        time.sleep(0.01)
+      assert client.add(2, 3).result(timeout=10) == 5
+      assert closed_by_peer(sock, 10)

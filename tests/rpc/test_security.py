@@ -11,6 +11,7 @@ import numpy as np
 import portal
 import pytest
 from portal.client_socket import Disconnected
+from helpers.sockets import closed_by_peer
 from test_shm import Waits
 
 from dreamer_ver import config as configlib
@@ -20,6 +21,7 @@ from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc import auth
+from dreamer_ver.rpc.server_socket import ServerSocket
 from dreamer_ver.rpc.addresses import bind_host, free_port, handshake
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal
@@ -382,3 +384,66 @@ def test_connections_that_never_handshake_cannot_starve_a_server():
       sock.close()
     proc.kill()
     proc.wait()
+
+
+def _silent_connections(port, count):
+  """`count` connections that never present the token."""
+  return [socket.create_connection(('127.0.0.1', port), timeout=5)
+          for _ in range(count)]
+
+
+def test_a_silent_connection_is_closed_at_its_deadline_with_no_one_connecting(
+    monkeypatch):
+  # The deadline used to be checked only when the next connection came.
+  monkeypatch.setattr(ServerSocket, 'HANDSHAKE_SECONDS', 0.5)
+  port = free_port()
+  server = Server(f'127.0.0.1:{port}', 'Deadline', logging=False).start()
+  silent = _silent_connections(port, 3)
+  try:
+    assert all(closed_by_peer(sock) for sock in silent)
+  finally:
+    for sock in silent:
+      sock.close()
+    server.close()
+
+
+def test_at_most_so_many_connections_wait_for_their_handshake(monkeypatch):
+  # The oldest waiting connection makes room for a newcomer, long before
+  # file descriptors run out (and before its deadline).
+  monkeypatch.setattr(ServerSocket, 'MAX_HANDSHAKING', 4)
+  monkeypatch.setattr(ServerSocket, 'HANDSHAKE_SECONDS', 60.0)
+  port = free_port()
+  server = Server(f'127.0.0.1:{port}', 'Capped', logging=False).start()
+  silent = _silent_connections(port, 6)  # Accepted in this order.
+  try:
+    assert [closed_by_peer(sock, 1.0) for sock in silent] == [
+        True, True, False, False, False, False]
+  finally:
+    for sock in silent:
+      sock.close()
+    server.close()
+
+
+def test_refused_connections_are_logged_a_few_then_counted(
+    monkeypatch, capfd):
+  monkeypatch.setattr(ServerSocket, 'LOG_BURST', 3, raising=False)
+  monkeypatch.setattr(ServerSocket, 'LOG_PERIOD', 3.0, raising=False)
+  port = free_port()
+  server = Server(f'127.0.0.1:{port}', 'Refusing').start()
+  stop = StopSignal(install=False)
+  addr = f'127.0.0.1:{port}'
+  try:
+    for _ in range(20):
+      intruder = BlockingClient(addr, handshake=handshake('wrong-2e81d4'))
+      assert intruder.connect(stop)
+      with pytest.raises(Disconnected):
+        intruder.call('echo', 1, stop=stop)
+      intruder.close()
+    out, deadline = '', time.monotonic() + 20
+    while 'more like these' not in out and time.monotonic() < deadline:
+      out += capfd.readouterr().out
+      time.sleep(0.05)
+  finally:
+    server.close()
+  assert out.count('wrong handshake') == 3 + 1, out  # 3 lines, 1 summary
+  assert '17 more like these' in out, out
