@@ -33,7 +33,7 @@ and the ratios; `--figure` draws score against wall-clock for both
 
 Upstream's dmc wrapper renders a frame every env step even on proprio
 tasks (`log/image`), through software OpenGL where there is no GPU
-(`MUJOCO_GL=osmesa`), so `--render_cost` also times that rendering alone
+(Mesa's EGL), so `--render_cost` also times that rendering alone
 in this process (one env, `--render_steps` steps) and reports it per env
 step on a line of its own.
 """
@@ -82,7 +82,7 @@ def command(system, args, task, logdir):
   configs = ['--configs', args.size]
   common = ['--script', 'parallel', *configs, f'--logdir={logdir}', *flags]
   env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
-  env.setdefault('MUJOCO_GL', 'egl' if args.platform != 'cpu' else 'osmesa')
+  env.setdefault('MUJOCO_GL', 'egl')  # Mesa's software EGL on a CPU machine
   if system == 'ours':
     return [sys.executable, '-m', 'dreamer_ver.main', *common], env
   main = Path(args.upstream) / 'dreamerv3' / 'main.py'
@@ -226,6 +226,7 @@ def summarize(lines, batch_steps, seconds, window):
 def render_cost(steps):
   """Seconds per env step of upstream's extra frame: dm_control's render of
   a 64 x 64 frame, as its dmc wrapper does each step."""
+  os.environ.setdefault('MUJOCO_GL', 'egl')  # as the runs have it
   from dm_control import suite
   env = suite.load('cartpole', 'balance', task_kwargs={'random': 0})
   env.reset()
