@@ -289,6 +289,28 @@ def test_a_connection_lost_while_resending_is_retried(monkeypatch):
     server.close()
 
 
+def send_large(client):
+  """A started thread whose call of 256 MiB blocks in its send to a peer
+  that never reads; `outcome` gets what call() returned or raised."""
+  outcome = []
+
+  def send():
+    try:
+      outcome.append(client.call('put', np.zeros(256 << 20, np.uint8)))
+    except Exception as e:
+      outcome.append(e)
+
+  sender = threading.Thread(target=send, daemon=True)
+  sender.start()
+  return sender, outcome
+
+
+def error_of(outcome):
+  """What call() raised, or the exception of the future it returned."""
+  error = outcome[0]
+  return error if isinstance(error, Exception) else error.exception(5)
+
+
 def test_close_returns_while_a_call_is_stuck_sending_to_a_peer_that_stopped_reading():
   # The peer takes the connection (and the handshake) and never reads: a
   # large call fills the socket buffers and blocks in its send, holding the
@@ -300,16 +322,7 @@ def test_close_returns_while_a_call_is_stuck_sending_to_a_peer_that_stopped_read
   deadline = time.monotonic() + 5
   while not client.connected and time.monotonic() < deadline:
     time.sleep(0.01)
-  outcome = []
-
-  def send():
-    try:
-      outcome.append(client.call('put', np.zeros(256 << 20, np.uint8)))
-    except Exception as e:
-      outcome.append(e)
-
-  sender = threading.Thread(target=send, daemon=True)
-  sender.start()
+  sender, outcome = send_large(client)
   sender.join(0.5)
   assert sender.is_alive()  # Blocked in the send.
   closer = threading.Thread(target=client.close, kwargs={'timeout': 1},
@@ -320,10 +333,7 @@ def test_close_returns_while_a_call_is_stuck_sending_to_a_peer_that_stopped_read
     assert not closer.is_alive(), 'close() hung behind a blocked send'
     sender.join(5)
     assert not sender.is_alive()
-    error = outcome[0]  # Raised by call(), or the future's exception.
-    if not isinstance(error, Exception):
-      error = error.exception(5)
-    assert isinstance(error, Disconnected)
+    assert isinstance(error_of(outcome), Disconnected)
   finally:
     peer.close()
     listener.close()
@@ -447,25 +457,14 @@ def test_the_peer_deadline_fails_a_link_whose_call_is_stuck_sending():
   client = Client(f'127.0.0.1:{listener.getsockname()[1]}', 'Stuck',
                   peer_timeout=1.0)
   peer, _ = listener.accept()
-  outcome = []
-
-  def send():
-    try:
-      outcome.append(client.call('put', np.zeros(256 << 20, np.uint8)))
-    except Exception as e:
-      outcome.append(e)
-
-  sender = threading.Thread(target=send, daemon=True)
   try:
     deadline = time.monotonic() + 5
     while not client.connected and time.monotonic() < deadline:
       time.sleep(0.01)
-    sender.start()
+    sender, outcome = send_large(client)
     sender.join(10)
     assert not sender.is_alive(), 'the call stayed stuck in its send'
-    error = outcome[0]  # Raised by call(), or the future's exception.
-    if not isinstance(error, Exception):
-      error = error.exception(5)
+    error = error_of(outcome)
     assert isinstance(error, Disconnected) and 'PeerStalled' in str(error)
     assert isinstance(client.error, client_module.PeerStalled)
   finally:
