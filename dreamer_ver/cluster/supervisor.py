@@ -64,33 +64,43 @@ class _Parent:
     self.orders = orders
     self.shutdown = shutdown
     self.ordered = threading.Event()  # its order came, or it is gone
+    self.signalled = threading.Event()  # a SIGINT/SIGTERM came (`defer`)
+    self.stop = None
     threading.Thread(target=self._watch, name='ParentWatch',
+                     daemon=True).start()
+    threading.Thread(target=self._stop_when_ordered, name='StopOrder',
                      daemon=True).start()
 
   def defer(self, stop):
-    """Calls `stop` once the order came, or after twice the stop grace
-    without one (the supervisor has stopped the groups before this child's
-    by then, or the signal did not reach it)."""
-    def wait():
-      if not self.ordered.wait(2 * self.shutdown):
-        print(f'No stop order from the supervisor (pid {self.parent}) in '
-              f'{2 * self.shutdown:g} s after SIGINT/SIGTERM; stopping.',
-              flush=True)
-      stop()
-    threading.Thread(target=wait, name='StopOrder', daemon=True).start()
+    """Has `stop` called once the order came, or after twice the stop
+    grace without one (the supervisor has stopped the groups before this
+    child's by then, or the signal did not reach it). Called from a signal
+    handler, so it only sets an event."""
+    self.stop = stop
+    self.signalled.set()
+
+  def _stop_when_ordered(self):
+    self.signalled.wait()
+    if not self.ordered.wait(2 * self.shutdown):
+      print(f'No stop order from the supervisor (pid {self.parent}) in '
+            f'{2 * self.shutdown:g} s after SIGINT/SIGTERM; stopping.',
+            flush=True)
+    self.stop()
 
   def _watch(self):
-    gone = not self._order()
+    if self._order():  # It may still die before it stops this child.
+      self.ordered.set()
+      while os.getppid() == self.parent:
+        time.sleep(0.5)
     self.ordered.set()
-    if gone:
-      os.kill(os.getpid(), signal.SIGTERM)
-      time.sleep(self.shutdown)  # This daemon thread ends with the process.
-      try:
-        print(f'The supervisor (pid {self.parent}) is gone and this child '
-              f'did not stop within {self.shutdown:g} s; killing it.',
-              flush=True)
-      finally:
-        os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(self.shutdown)  # This daemon thread ends with the process.
+    try:
+      print(f'The supervisor (pid {self.parent}) is gone and this child '
+            f'did not stop within {self.shutdown:g} s; killing it.',
+            flush=True)
+    finally:
+      os.kill(os.getpid(), signal.SIGKILL)
 
   def _order(self):
     """Waits until the supervisor orders the stop (True) or is gone."""

@@ -160,7 +160,10 @@ class ServerSocket(portal.ServerSocket):
           elif (mask & selectors.EVENT_READ and self.reading
                 and self.conns.get(key.data.addr) is key.data):
             self._recv(key.data)  # (Unless closed earlier in this round.)
+        # Overflowed ones too: their queue may have drained meanwhile, and
+        # `send` refuses them, so only the drop here ends them.
         for conn in [c for c in self.conns.values() if c.sendbufs
+                     or getattr(c, 'overflowed', False)
                      or getattr(c, 'events', 0) & selectors.EVENT_WRITE]:
           self._flush(conn)
         if time.monotonic() - ticked >= self.TICK:
@@ -228,6 +231,7 @@ class ServerSocket(portal.ServerSocket):
     conn.opened = time.monotonic()
 
   def _handshaking(self, conn):
+    """Whether `conn` has yet to pass its handshake."""
     return not getattr(conn, 'trusted', False)
 
   def send_reply(self, addr, reqnum, value):

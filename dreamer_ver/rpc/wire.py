@@ -134,7 +134,9 @@ class Frame:
     runs = itertools.groupby(
         [size.to_bytes(8, 'little'), *views], lambda b: len(b) >= JOIN_BELOW)
     for large, run in runs:
-      self.buffers += run if large else [memoryview(b''.join(run))]
+      joined = list(run) if large else [memoryview(b''.join(run))]
+      # No empty buffer: a write of one sends 0 bytes and never gets past.
+      self.buffers += [buffer for buffer in joined if len(buffer)]
     self.next = 0  # The first buffer not yet sent in full.
 
   def send(self, sock):
@@ -150,6 +152,7 @@ class Frame:
       self.next += 1
 
   def done(self):
+    """Whether every byte of the frame has been written."""
     return self.next == len(self.buffers)
 
 

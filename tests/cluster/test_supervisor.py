@@ -299,6 +299,24 @@ def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(
       os.kill(child, signal.SIGKILL)
 
 
+def test_a_child_told_to_stop_is_not_orphaned_when_its_supervisor_dies(
+    tmp_path):
+  """The supervisor orders the stop, then dies (SIGKILL) in its grace: the
+  child that ignores SIGTERM is still killed after that grace."""
+  supervisor, pids = _supervise(tmp_path, ['replay=_ignore_sigterm'], 3)
+  child = pids['replay']
+  try:
+    supervisor.send_signal(signal.SIGTERM)  # stop_all: the order, SIGTERM,
+    time.sleep(1.0)  # then its 3 s grace, in which it dies.
+    supervisor.kill()
+    supervisor.wait()
+    assert _wait_for(lambda: not _alive(child), 15, poll=0.1), 'orphaned'
+  finally:
+    supervisor.kill()
+    if _alive(child):
+      os.kill(child, signal.SIGKILL)
+
+
 @pytest.mark.parametrize('how', ['group', 'each'])
 @pytest.mark.parametrize(
     'sig', [signal.SIGTERM, signal.SIGINT], ids=['SIGTERM', 'SIGINT'])

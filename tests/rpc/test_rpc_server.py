@@ -15,6 +15,7 @@ import portal
 import pytest
 from helpers.sockets import closed_by_peer
 
+from dreamer_ver.rpc import wire
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.server import Server
@@ -163,6 +164,26 @@ def _check_leaves(tree, count):
   assert sorted(tree) == sorted(f'k{i}' for i in range(count))
   for i in range(count):
     np.testing.assert_array_equal(tree[f'k{i}'], np.full(i % 3 + 1, i))
+
+
+def test_a_frame_with_empty_parts_after_a_large_one_is_sent_whole():
+  # An empty part left standalone (after one of 64 KiB or more) made
+  # every later write send 0 bytes: the frame never finished.
+  big = np.arange(1 << 14, dtype=np.float32)  # 64 KiB: sent as it is
+  parts = [b'head', big, b'', np.zeros(0, np.uint8), b'']
+  left, right = socket.socketpair()
+  with left, right:
+    sender = threading.Thread(target=wire.send, args=(left, parts),
+                              daemon=True)
+    sender.start()
+    sender.join(5)
+    assert not sender.is_alive(), 'the frame never finished'
+    right.settimeout(5)
+    expected = b''.join(bytes(memoryview(p).cast('B')) for p in parts)
+    got = b''
+    while len(got) < 8 + len(expected):
+      got += right.recv(1 << 20)
+  assert got == len(expected).to_bytes(8, 'little') + expected
 
 
 def test_a_call_of_thousands_of_leaves_is_served():
