@@ -247,7 +247,7 @@ def median(records, key):
   return float(np.median(values)) if values else None
 
 
-def report(args, records, skipped):
+def report(args, records, skipped, render_ms=None):
   """The results: per task and system the medians over rounds and the
   rounds; per task the ratios of ours over upstream."""
   result = {'commit': subprocess.run(
@@ -273,8 +273,8 @@ def report(args, records, skipped):
           for k in ('env_steps_per_s', 'updates_per_s')
           if entry['upstream'][k]}
     result['tasks'][task] = entry
-  if 'render_cost_ms' in args:
-    result['upstream_render_ms_per_env_step'] = args.render_cost_ms
+  if render_ms is not None:
+    result['upstream_render_ms_per_env_step'] = render_ms
   return result
 
 
@@ -381,9 +381,9 @@ def main():
     root = Path(args.logdir or temp)
     root.mkdir(parents=True, exist_ok=True)
     records = run_all(args, systems, root)
-  if args.render_cost:
-    args.render_cost_ms = round(render_cost(args.render_steps) * 1e3, 3)
-  result = report(args, records, skipped)
+  render_ms = round(render_cost(args.render_steps) * 1e3, 3) if (
+      args.render_cost) else None
+  result = report(args, records, skipped, render_ms)
   if args.out:
     Path(args.out).write_text(json.dumps(result, indent=1) + '\n')
   if args.figure:
