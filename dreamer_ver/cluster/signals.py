@@ -1,6 +1,7 @@
 """A component's main loop: a graceful stop on SIGINT/SIGTERM, and its
 periodic work."""
 
+import os
 import signal
 import threading
 
@@ -14,6 +15,11 @@ class StopSignal:
   In a supervised child the signal sets it once the supervisor orders the
   stop (`supervisor.when_stop_ordered`), so children stop in order.
 
+  The handler only writes a byte to a pipe, and a thread sets the event: a
+  signal can land while the handler of another runs (Ctrl-C and `timeout`
+  together, a scheduler that signals every process), and a handler that
+  takes a lock (`Event.set`) would wait for good for the one it interrupted.
+
   Installing handlers only works in the main thread; elsewhere the event is
   still usable and set by whoever owns the process.
   """
@@ -21,7 +27,12 @@ class StopSignal:
   def __init__(self, install=True):
     self.event = threading.Event()
     self.previous = {}  # signal -> the handler it replaced
+    self.pipe = None  # (read, write) descriptors while installed
     if install and threading.current_thread() is threading.main_thread():
+      self.pipe = os.pipe()
+      os.set_blocking(self.pipe[1], False)
+      threading.Thread(target=self._relay, args=(self.pipe[0],),
+                       name='StopSignal', daemon=True).start()
       for sig in (signal.SIGINT, signal.SIGTERM):
         self.previous[sig] = signal.signal(sig, self._handle)
 
@@ -31,10 +42,25 @@ class StopSignal:
     for sig, handler in self.previous.items():
       signal.signal(sig, handler)
     self.previous = {}
+    if self.pipe is not None:
+      os.close(self.pipe[1])  # Ends the relay.
+      self.pipe = None
 
   def _handle(self, signum, frame):
     del signum, frame
-    when_stop_ordered(self.event.set)
+    try:
+      os.write(self.pipe[1], b'.')
+    except OSError:
+      pass  # The pipe is full: a stop is on its way already.
+
+  def _relay(self, read):
+    """Sets the event (as the supervisor orders) at the first signal."""
+    relayed = False
+    while os.read(read, 64):
+      if not relayed:
+        relayed = True
+        when_stop_ordered(self.event.set)
+    os.close(read)
 
   def __bool__(self):
     return self.event.is_set()

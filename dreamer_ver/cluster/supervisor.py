@@ -40,9 +40,8 @@ def _call(name, target, config, parent, orders, shutdown, *args):
 
 
 def when_stop_ordered(stop):
-  """Calls `stop` (from a SIGINT/SIGTERM handler: `signals.StopSignal`) at
-  once, or in a supervised child once its supervisor ordered its stop or
-  is gone: a signal that reaches every process at once (Ctrl-C to the
+  """Calls `stop` (at a SIGINT/SIGTERM: `signals.StopSignal`) at once, or
+  in a supervised child once its supervisor ordered its stop or is gone: a signal that reaches every process at once (Ctrl-C to the
   process group, `timeout`, Slurm's cancel) must not stop a server before
   the clients that the supervisor stops first have saved."""
   if _parent is None:
@@ -74,8 +73,7 @@ class _Parent:
   def defer(self, stop):
     """Has `stop` called once the order came, or after twice the stop
     grace without one (the supervisor has stopped the groups before this
-    child's by then, or the signal did not reach it). Called from a signal
-    handler, so it only sets an event."""
+    child's by then, or the signal did not reach it)."""
     self.stop = stop
     self.signalled.set()
 

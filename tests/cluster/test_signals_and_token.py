@@ -45,6 +45,48 @@ def test_a_stop_signal_is_set_by_sigterm_and_restores_the_handlers_it_replaced()
           signal.getsignal(signal.SIGTERM)) == before
 
 
+NESTED = """
+import os, signal, sys
+from dreamer_ver.cluster.signals import StopSignal
+stop = StopSignal()
+outer = []
+
+def again(frame, event, arg):
+  # At every line the first handler runs (a line of its own or of what it
+  # calls), the second signal arrives: its handler runs inside the first.
+  if event == 'call' and frame.f_code is StopSignal._handle.__code__:
+    if outer:
+      return None
+    outer.append(frame)
+  if outer and outer[0] is not None and event in ('call', 'line'):
+    os.kill(os.getpid(), signal.SIGINT)
+  if event == 'return' and outer and frame is outer[0]:
+    outer[0] = None  # The first handler is done.
+  return again
+
+sys.settrace(again)
+os.kill(os.getpid(), signal.SIGTERM)
+for _ in range(100):
+  pass
+sys.settrace(None)
+print('stopped' if stop.wait(10) else 'not stopped', flush=True)
+"""
+
+
+def test_a_signal_that_lands_inside_the_handler_of_another_does_not_hang():
+  """SIGINT and SIGTERM together (Ctrl-C and `timeout`, or a scheduler that
+  signals every process) run one handler inside the other: a handler that
+  took a lock (Event.set) would wait for good for the one it interrupted."""
+  import subprocess
+  import sys
+  try:
+    done = subprocess.run([sys.executable, '-c', NESTED], capture_output=True,
+                          text=True, timeout=30, check=False)
+  except subprocess.TimeoutExpired:
+    raise AssertionError('the process hung in its signal handlers') from None
+  assert done.stdout.strip() == 'stopped', done.stdout + done.stderr
+
+
 def test_the_token_comes_from_the_flag_the_environment_or_the_logdir(
     tmp_path, monkeypatch):
   monkeypatch.delenv(TOKEN_ENV, raising=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from helpers.processes import process_state
+from helpers.processes import process_state, running
 sys.path.insert(0, str(ROOT / 'bench'))
 from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 
@@ -289,13 +289,13 @@ def test_children_of_a_killed_supervisor_stop_and_free_the_logdir(
       lock_role(tmp_path, 'replay')  # The live child holds it.
     supervisor.kill()
     supervisor.wait()
-    assert _wait_for(lambda: not _alive(child), 10, poll=0.1), 'orphaned'
+    assert _wait_for(lambda: not running(child), 10, poll=0.1), 'orphaned'
     os.close(lock_role(tmp_path, 'replay'))
     if target == '_replay':  # It saved.
       assert (tmp_path / 'stops').read_text() == 'replay\n'
   finally:
     supervisor.kill()
-    if _alive(child):
+    if running(child):
       os.kill(child, signal.SIGKILL)
 
 
@@ -310,10 +310,10 @@ def test_a_child_told_to_stop_is_not_orphaned_when_its_supervisor_dies(
     time.sleep(1.0)  # then its 3 s grace, in which it dies.
     supervisor.kill()
     supervisor.wait()
-    assert _wait_for(lambda: not _alive(child), 15, poll=0.1), 'orphaned'
+    assert _wait_for(lambda: not running(child), 15, poll=0.1), 'orphaned'
   finally:
     supervisor.kill()
-    if _alive(child):
+    if running(child):
       os.kill(child, signal.SIGKILL)
 
 
@@ -341,14 +341,6 @@ def test_a_signal_to_every_process_stops_the_children_in_order(
     except ProcessLookupError:
       pass
   assert (tmp_path / 'stops').read_text().split() == ['client', 'server']
-
-
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  return process_state(pid) not in (None, 'Z')
 
 
 def _serve_until_stopped(config, port):
