@@ -446,11 +446,11 @@ class Ours:
 
   def __init__(self, addr, actor, config, envs, inference, counter, mode):
     from dreamer_ver import config as configlib
-    from dreamer_ver.actor import preemption
+    from dreamer_ver.actor import batching
     from dreamer_ver.rpc.batch_server import BatchServer
     from dreamer_ver.cluster.links import Links
     run = configlib.override(config, {'run.actor_cutoff': mode}).run
-    self.cutoff = preemption.make_cutoff(run, envs, actor.buckets, inference)
+    self.cutoff = batching.make_cutoff(run, envs, actor.buckets, inference)
 
     def handler(requests):
       start = time.perf_counter()
@@ -767,7 +767,7 @@ def make_actor(config, extra):
   from dreamer_ver.agent.agent import Agent, policy_params
   from dreamer_ver.envs import make_env
   from dreamer_ver.actor.actor import Actor
-  from dreamer_ver.actor.preemption import bucket_sizes
+  from dreamer_ver.actor.batching import bucket_sizes
   from dreamer_ver.actor.params import ParamsStore
   env = make_env(config.task, _with_extra(config.env, extra))
   agent = Agent(env.obs_space, env.act_space, config)

@@ -225,7 +225,7 @@ def _sequences(c):
 
 def _actor(c, run):
   """Batch sizes of the actor; compiled buckets must hold the largest."""
-  from dreamer_ver.actor.preemption import max_batch
+  from dreamer_ver.actor.batching import max_batch
   batch, envs = c['run.actor_batch'], c['run.envs']
   if batch > envs:
     yield f'run.actor_batch ({batch}) must be <= run.envs ({envs})'

@@ -217,17 +217,20 @@ def test_a_cutoff_larger_than_the_largest_bucket_is_refused():
                     cutoff=preemption.VER(1, 8))
 
 
+def scaled(params, carry, obs):
+  count = jnp.where(obs['is_first'], 0, carry['count']) + 1
+  return {'count': count, 'total': carry['total']}, {
+      'y': params['w'] * obs['x'] + params['b'], 'count': count}
+
+
+PARAMS = {'w': jnp.float32(2.0), 'b': jnp.float32(0.0)}
+
+
 def test_a_weight_update_changes_the_actions_and_their_version_without_a_recompile():
   """A trainer's new params reach the next batch (TorchRL's weight sync):
   replies say which version acted, and nothing traces or compiles again."""
-  def scaled(params, carry, obs):
-    count = jnp.where(obs['is_first'], 0, carry['count']) + 1
-    return {'count': count, 'total': carry['total']}, {
-        'y': params['w'] * obs['x'] + params['b'], 'count': count}
-
-  server = InferenceServer(
-      scaled, SPEC, carry=CARRY, slots=2,
-      params={'w': jnp.float32(2.0), 'b': jnp.float32(0.0)}, version=3).start()
+  server = InferenceServer(scaled, SPEC, carry=CARRY, slots=2,
+                           params=PARAMS, version=3).start()
   client = server.client()
   try:
     call = lambda x, first: client.call(  # noqa: E731
@@ -247,17 +250,15 @@ def test_a_weight_update_changes_the_actions_and_their_version_without_a_recompi
 
 
 class QueueTransport(Transport):
-  """A user's transport over multiprocessing queues (TorchRL's MPTransport):
-  env processes put (client, reqnum, data) on one request queue and read
-  their replies from a queue of their own."""
+  """A user's transport: env threads put (client, reqnum, data) on one
+  request queue and read their replies from a queue of their own."""
 
   kind = 'queues'
 
   def __init__(self, clients):
     super().__init__()
-    context = multiprocessing.get_context('spawn')
-    self.requests = context.Queue()
-    self.replies = [context.Queue() for _ in range(clients)]
+    self.requests = queue.Queue()
+    self.replies = [queue.Queue() for _ in range(clients)]
     self.conns = {('queues', i) for i in range(clients)}
 
   def receive(self, timeout):
@@ -279,22 +280,17 @@ class QueueTransport(Transport):
     self.replies[conn[1]].put((reqnum, status, message))
     return True
 
+  def caller(self, client):
+    """Env `client`'s call through this transport."""
+    reqnums = iter(range(10 ** 6))
 
-def queue_env(requests, replies, done, client, steps):
-  """An env process on the queue transport (env id client + 1); puts what
-  it got on `done`, checked by the parent."""
-  results = []
-
-  def call(data):
-    reqnum = len(results)
-    requests.put((client, reqnum, data))
-    got, status, value = replies.get(timeout=TIMEOUT)
-    assert got == reqnum and status == 0, value
-    return value
-
-  run_env(call, client + 1, steps, results)
-  requests.put((client, None, None))
-  done.put(results)
+    def call(data):
+      reqnum = next(reqnums)
+      self.requests.put((client, reqnum, data))
+      got, status, value = self.replies[client].get(timeout=TIMEOUT)
+      assert got == reqnum and status == 0, value
+      return value
+    return call
 
 
 def test_a_transport_of_your_own_serves_with_the_built_in_ones():
@@ -302,27 +298,123 @@ def test_a_transport_of_your_own_serves_with_the_built_in_ones():
   transport = QueueTransport(envs)
   server = InferenceServer(counting, SPEC, carry=CARRY, slots=envs + 1,
                            transports=('thread', transport)).start()
-  context = multiprocessing.get_context('spawn')
-  done = context.Queue()
-  procs = [context.Process(target=queue_env, args=(
-      transport.requests, transport.replies[i], done, i, steps))
-      for i in range(envs)]
   try:
-    for proc in procs:
-      proc.start()
-    results = serve_threads([server.client().call], steps)  # env 0, local
-    for _ in range(envs):
-      results += done.get(timeout=60)
+    calls = [server.client().call] + [  # env 0 local, then 1, 2, 3
+        transport.caller(i) for i in range(envs)]
+    results = serve_threads(calls, steps)
     check(results, envs + 1, steps)
+    for client in range(envs):
+      transport.requests.put((client, None, None))
     deadline = time.monotonic() + TIMEOUT
     while transport.conns and time.monotonic() < deadline:
       time.sleep(0.05)
     assert not transport.conns  # Every client said goodbye.
   finally:
-    for proc in procs:
-      proc.join(10)
-      if proc.is_alive():
-        proc.kill()
+    server.close()
+
+
+def test_max_batch_size_and_timeout_cut_full_batches_or_late_ones():
+  """TorchRL's batching: at most `max_batch_size` calls per batch, and a
+  batch fills for at most `timeout` seconds."""
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=8,
+                           max_batch_size=4, timeout=1.0).start()
+  try:
+    assert server.policy.buckets == [1, 2, 4]
+    client = server.client()
+    futures = [client.submit({'x': np.float32(e), 'is_first': np.bool_(True),
+                              'envid': np.int64(e)}) for e in range(6)]
+    for e, future in enumerate(futures):
+      assert float(future.result(TIMEOUT)['total']) == e
+    stats = server.stats()
+    assert stats['batch_sizes'] == {2: 1, 4: 1}, stats
+    assert (stats['cut/max'], stats['cut/timeout']) == (1, 1)
+  finally:
+    server.shutdown()
+  with pytest.raises(ValueError, match='cutoff or a timeout'):
+    InferenceServer(counting, SPEC, carry=CARRY, timeout=0.1,
+                    cutoff=preemption.Fixed(2))
+
+
+def trainer_and_env(client, sender, done):
+  """Another process: an env that calls through the mp transport, and a
+  trainer that pushes new weights between two of its calls."""
+  obs = {'x': np.float32(5.0), 'is_first': np.bool_(True),
+         'envid': np.int64(1)}
+  before = client.call(obs, timeout=TIMEOUT)
+  sender.send({'w': np.float32(-1.0), 'b': np.float32(0.5)}, 7)
+  try:
+    sender.send({'w': np.zeros(3, np.float32), 'b': np.float32(0)}, 8)
+    refused = ''
+  except ValueError as error:
+    refused = str(error)
+  after = client.call({**obs, 'is_first': np.bool_(False)}, timeout=TIMEOUT)
+  client.close()
+  done.put([(float(r['y']), int(r['version']), int(r['count']))
+            for r in (before, after)] + [refused])
+
+
+def test_a_trainer_in_another_process_pushes_weights_its_env_acts_with():
+  """The mp transport and the weight sync across processes, by value: the
+  pushed weights act in the next batch, replies say their version, the
+  carry goes on, and params of another shape are refused to the sender."""
+  from dreamer_ver.inference import InferenceClient, WeightSender
+  from dreamer_ver.rpc import MPTransport
+  transport = MPTransport()
+  server = InferenceServer(
+      scaled, SPEC, carry=CARRY, slots=4, params=PARAMS, version=3,
+      transports=('tcp', transport), weight_sync=True, logging=False).start()
+  context = multiprocessing.get_context('spawn')
+  done = context.Queue()
+  sender = WeightSender(server.weight_sync_addr, server.handshake)
+  proc = context.Process(target=trainer_and_env, args=(
+      transport.client(), sender, done))
+  try:
+    proc.start()
+    before, after, refused = done.get(timeout=120)
+    assert before == (10.0, 3, 1) and after == (-4.5, 7, 2)
+    assert refused == 'w is float32[3], the served one float32[]', refused
+    here = InferenceClient(server.endpoint('tcp'))
+    out = here({'x': np.float32(1.0), 'is_first': np.bool_(True),
+                'envid': np.int64(2)})
+    assert (float(out['y']), int(out['version'])) == (-0.5, 7)
+    here.close()
+    deadline = time.monotonic() + TIMEOUT
+    while transport.conns and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not transport.conns  # The env's client said goodbye.
+  finally:
+    proc.join(TIMEOUT)
+    if proc.is_alive():
+      proc.kill()
+    server.shutdown()
+
+
+def test_an_inference_client_reaches_the_server_over_any_transport():
+  """One client class for every route: the server itself (in-process),
+  a pickled endpoint (shm, tcp), a transport's own client."""
+  import pickle
+  from dreamer_ver.inference import InferenceClient
+  server = InferenceServer(counting, SPEC, carry=CARRY, slots=4,
+                           transports=('thread', 'shm', 'tcp'),
+                           logging=False).start()
+  try:
+    clients = [InferenceClient(server),
+               pickle.loads(pickle.dumps(InferenceClient(
+                   server.endpoint('shm')))),
+               pickle.loads(pickle.dumps(InferenceClient(
+                   server.endpoint('tcp'))))]
+    results = serve_threads(clients, 6)
+    check(results, 3, 6)
+    with pytest.raises(RuntimeError, match="unexpected key 'z'"):
+      clients[2]({'x': np.float32(1), 'is_first': np.bool_(True),
+                  'envid': np.int64(3), 'z': np.float32(0)})
+    for client in clients:
+      client.close()
+    with pytest.raises(TypeError, match='Endpoint'):
+      pickle.dumps(InferenceClient(server))
+    with pytest.raises(ValueError, match="'tcp' or 'shm'"):
+      server.endpoint('thread')
+  finally:
     server.close()
 
 

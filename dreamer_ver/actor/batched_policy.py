@@ -49,7 +49,7 @@ import numpy as np
 
 from dreamer_ver.actor.carries import CarryLane, table_step
 from dreamer_ver.actor.params import ParamsStore
-from dreamer_ver.actor.preemption import powers_of_two
+from dreamer_ver.actor.batching import powers_of_two
 from dreamer_ver.actor.requests import admit, bucket_of, stack_rows
 
 

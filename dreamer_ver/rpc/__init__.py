@@ -18,6 +18,9 @@ a token).
   shm              shared-memory slots for callers on the server's host
                    (ShmClient), a 13-byte message per call
   thread_transport in-process callers (ThreadClient, `BatchServer.client()`)
+  mp_transport     callers in processes this one starts, over
+                   multiprocessing queues (MPTransport)
+  ray_transport    callers on Ray workers, through a Ray actor
   batch_stats      what the batch server counts between two stats() calls
   client         Client: futures, bounded in-flight calls, reconnect and
                  resend (portal.Client's socket thread can busy-poll)
@@ -28,11 +31,13 @@ from .addresses import fill_auto_ports, free_port, handshake, split_addr
 from .batch_server import BatchServer, Request
 from .blocking_client import BlockingClient
 from .client import Client, Dropped
+from .mp_transport import MPClient, MPTransport
 from .server import Server
 from .shm_client import ShmClient
 from .thread_transport import ThreadClient
 
 __all__ = [
-    'BatchServer', 'BlockingClient', 'Client', 'Dropped', 'Request', 'Server',
-    'ShmClient', 'ThreadClient', 'fill_auto_ports', 'free_port', 'handshake', 'split_addr',
+    'BatchServer', 'BlockingClient', 'Client', 'Dropped', 'MPClient',
+    'MPTransport', 'Request', 'Server', 'ShmClient', 'ThreadClient',
+    'fill_auto_ports', 'free_port', 'handshake', 'split_addr',
 ]

@@ -26,7 +26,7 @@ import elements
 import jax
 import numpy as np
 
-from dreamer_ver.actor import preemption
+from dreamer_ver.actor import batching, preemption
 from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
@@ -58,10 +58,10 @@ def build_actor(config, agent, store, counters, links):
   host, shared memory for env processes on this one."""
   run = config.run
   envs = run.envs + run.eval_envs
-  largest = preemption.max_batch(run, envs)
+  largest = batching.max_batch(run, envs)
   actor = Actor(
       agent, store, slots=max(envs, largest),
-      buckets=preemption.bucket_sizes(run, largest), seed=config.seed,
+      buckets=batching.bucket_sizes(run, largest), seed=config.seed,
       replay=links.connect('replay', 'ActorReplay', maxinflight=8),
       logger=links.connect('logger', 'ActorLogger', maxinflight=8,
                            when_full='drop'))
@@ -75,7 +75,7 @@ def build_actor(config, agent, store, counters, links):
           f'bucket:', {k: round(v * 1000, 2) for k, v in times.items()})
   shared = preemption.Shared()  # one decider for all lanes (preempt)
   cutoffs = [
-      preemption.make_cutoff(run, envs, actor.buckets, times, len(inference),
+      batching.make_cutoff(run, envs, actor.buckets, times, len(inference),
                              shared)
       for times in inference]
   transports = ('tcp',) if run.actor_transport == 'tcp' or not (

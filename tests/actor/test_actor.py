@@ -14,7 +14,7 @@ import pytest
 
 from dreamer_ver import config as configlib
 from dreamer_ver.envs import make_env
-from dreamer_ver.actor import preemption
+from dreamer_ver.actor import batching
 from dreamer_ver.actor.actor import Actor
 from dreamer_ver.rpc.batch_server import BatchServer, Request
 from dreamer_ver.runtime.env_worker import run_envs
@@ -93,7 +93,7 @@ def test_carries_follow_their_env_across_varying_batches(
 
   server = BatchServer(
       f'127.0.0.1:{port}', handle,
-      [preemption.make_cutoff(config.run, envs, actor.buckets, lanes=lanes)
+      [batching.make_cutoff(config.run, envs, actor.buckets, lanes=lanes)
        for _ in range(lanes)],
       postfn=actor.post, name='TestActor', transports=(transport,))
   server.start()
@@ -151,7 +151,7 @@ def test_bad_requests_get_clear_errors_and_others_keep_going():
                 slots=4, buckets=[1, 2, 4], replay=recorder)
   actor.compile()
   server = BatchServer(f'127.0.0.1:{port}', actor.handle,
-                       preemption.make_cutoff(config.run, 2, actor.buckets),
+                       batching.make_cutoff(config.run, 2, actor.buckets),
                        postfn=actor.post)
   server.start()
   client = portal.Client(f'127.0.0.1:{port}', 'Bad', logging=False)

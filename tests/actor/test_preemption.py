@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from dreamer_ver.actor import preemption
+from dreamer_ver.actor import batching, preemption
 
 Req = collections.namedtuple('Req', 'arrival envid')
 
@@ -228,32 +228,44 @@ def test_ver_cuts_at_min_batch_or_min_wait_and_caps_at_max_batch():
   assert policy.decide([Req(0.0, e) for e in range(9)], 0.0) == preemption.Cut(6, 'max')
 
 
+def test_deadline_fills_a_batch_for_at_most_its_timeout():
+  policy = preemption.Deadline(4, timeout=0.02)
+  assert policy.decide([], 0.0) is None
+  assert policy.decide([Req(0.0, 0)], 0.005) == pytest.approx(0.015)
+  assert policy.decide([Req(0.0, 0), Req(0.01, 1)], 0.02) == (
+      preemption.Cut(2, 'timeout'))
+  assert policy.decide([Req(0.0, e) for e in range(6)], 0.0) == (
+      preemption.Cut(4, 'max'))
+  with pytest.raises(ValueError, match='timeout'):
+    preemption.Deadline(4, timeout=-1)
+
+
 def test_make_cutoff_builds_the_configured_policy_from_run_settings():
   from dreamer_ver import config as configlib
   cfg = configlib.compose(['debug'])
   for mode, cls in [('fixed', preemption.Fixed), ('ver', preemption.VER),
                     ('preempt', preemption.Preempt)]:
     run = configlib.override(cfg, {'run.actor_cutoff': mode}).run
-    assert isinstance(preemption.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
-  default = preemption.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
+    assert isinstance(batching.make_cutoff(run, 5, [1, 2, 4, 5]), cls)
+  default = batching.make_cutoff(cfg.run, 5, [1, 2, 4, 5])
   assert isinstance(default, preemption.VER)
   assert default.min_batch == 3 and default.max_batch == 5
   assert default.max_wait == cfg.run.actor_max_wait
   run = configlib.override(cfg, {'run.actor_cutoff': 'preempt'}).run
-  assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 5.0
+  assert batching.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 5.0
   run = configlib.override(cfg, {'run.actor_cutoff': 'preempt',
                                  'run.env_timeout': 0.5}).run
-  assert preemption.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5
+  assert batching.make_cutoff(run, 5, [1, 2, 4, 5]).forget == 0.5
 
 
 def test_max_batch_and_buckets_default_to_the_lanes_share():
   from dreamer_ver import config as configlib
   run = configlib.compose(['debug']).run
-  assert preemption.max_batch(run, 5) == 5
-  assert preemption.max_batch(run, 5, lanes=2) == 3
-  assert preemption.make_cutoff(run, 5, [1, 2, 3], lanes=2).max_batch == 3
-  assert preemption.bucket_sizes(run, 5) == [1, 2, 4, 5]
+  assert batching.max_batch(run, 5) == 5
+  assert batching.max_batch(run, 5, lanes=2) == 3
+  assert batching.make_cutoff(run, 5, [1, 2, 3], lanes=2).max_batch == 3
+  assert batching.bucket_sizes(run, 5) == [1, 2, 4, 5]
   fixed = configlib.override(configlib.compose(['debug']), {
       'run.actor_max_batch': 4, 'run.actor_buckets': [2, 3]}).run
-  assert preemption.max_batch(fixed, 5, lanes=2) == 4
-  assert preemption.bucket_sizes(fixed, 4) == [2, 3, 4]
+  assert batching.max_batch(fixed, 5, lanes=2) == 4
+  assert batching.bucket_sizes(fixed, 4) == [2, 3, 4]

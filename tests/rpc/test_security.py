@@ -15,7 +15,7 @@ from helpers.sockets import closed_by_peer
 from test_shm import Waits
 
 from dreamer_ver import config as configlib
-from dreamer_ver.actor import preemption
+from dreamer_ver.actor import batching
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.client import Client
@@ -52,7 +52,7 @@ def _echo_server(port, config, **kwargs):
     return [{'y': np.asarray(r.data['x']) * 2} for r in requests], None
   server = BatchServer(
       f'127.0.0.1:{port}', handler,
-      preemption.make_cutoff(config.run, 4, [1, 2, 4]),
+      batching.make_cutoff(config.run, 4, [1, 2, 4]),
       **server_kwargs(config), **kwargs)
   return server.start() or server
 
