@@ -41,6 +41,7 @@ import time
 
 import jax
 import numpy as np
+from portal.client_socket import Disconnected
 
 from dreamer_ver.actor import batching, preemption
 from dreamer_ver.actor.batched_policy import BatchedPolicy
@@ -142,9 +143,10 @@ class InferenceClient:
   spec's keys and, with carries, `envid`). Built from the server (in its
   process), an `Endpoint` (picklable: it connects in the process of its
   first call) or a transport's own client (`MPTransport`, `RayTransport`,
-  yours: anything with `call(data, timeout)`). A call that takes longer
-  than `timeout` seconds raises TimeoutError; an error reply raises
-  RuntimeError with the server's message."""
+  yours: anything with `call(data, timeout)`). One call at a time. A call
+  that takes longer than `timeout` seconds raises TimeoutError, an error
+  reply RuntimeError with the server's message, a server that went away
+  portal's Disconnected (the next call connects again)."""
 
   def __init__(self, target, timeout=60.0):
     if isinstance(target, BatchServer):
@@ -163,7 +165,11 @@ class InferenceClient:
     stop = _Deadline(timeout)
     if self._client is None:
       self._client = self._connect(stop)
-    reply = self._client.call(self.target.method, obs, stop=stop)
+    try:
+      reply = self._client.call(self.target.method, obs, stop=stop)
+    except Disconnected:
+      self.close()  # The next call connects again (a restarted server).
+      raise
     if reply is None:
       raise TimeoutError(f'no reply within {timeout} s')
     return reply
