@@ -20,8 +20,10 @@ __all__ = ['Collector', 'EvalWorker', 'InferenceClient', 'InferenceServer',
 
 
 def __getattr__(name):
-  if name in ('InferenceServer', 'InferenceClient', 'WeightSender'):
+  if name == 'InferenceServer':
     from dreamer_ver import inference as module
+  elif name in ('InferenceClient', 'WeightSender'):
+    from dreamer_ver import inference_client as module
   elif name == 'Transport':
     from dreamer_ver.rpc import transport as module
   elif name == 'MPTransport':

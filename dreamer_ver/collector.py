@@ -31,8 +31,8 @@ serves itself until `shutdown()`: the first env's observation keys (but the
 `server_kwargs` go to its InferenceServer (`carry=`, `params=`, `cutoff=`,
 `slots=`, one per env by default). Each env asks for its action and waits
 only for its own reply (the server batches the envs' calls), so slow envs
-never hold the others back; a request holds the spec's keys and `envid`,
-the env's index, so the server's per-env carries follow their env.
+never hold the others back; a request holds the spec's keys and, where the
+server keeps carries, `envid`, the env's index, so they follow their env.
 
 A transition is the env's observation, the policy's reply to it (the action
 keys and anything else it holds, e.g. `version`) and `envid`;
@@ -59,7 +59,7 @@ import traceback
 
 import numpy as np
 
-from dreamer_ver.rpc import ShmClient
+from dreamer_ver.inference_client import InferenceClient
 
 
 class Collector:
@@ -112,7 +112,7 @@ class Collector:
         self._built = InferenceServer(
             policy, spec, transports=(transport,), **server_kwargs)
         self.server = self._built.start()
-      link = (_ShmLink if processes else _ThreadLink)(self.server)
+      link = _Link(self.server, processes)
       for _ in self._workers:
         self._channel.go.put(link)
     except BaseException:
@@ -230,9 +230,6 @@ class _Until:
   def is_set(self):
     return self.stop.is_set() or time.monotonic() > self.deadline
 
-  def wait(self, seconds):
-    return self.stop.wait(seconds)
-
   def fail(self, what):
     """Raises why the wait ended: the stop, or the time ran out."""
     if self.stop.is_set():
@@ -244,42 +241,16 @@ class _Stopped(Exception):
   """The collector stopped its envs: an env's life ends quietly."""
 
 
-class _ThreadLink:
-  """How an env thread reaches the server: an in-process client."""
+class _Link:
+  """How an env reaches the server: the keys of a request, whether it
+  names its env (the server keeps per-env carries), and what its client
+  calls: the server itself on a thread, its shared-memory endpoint in a
+  process (an endpoint pickles)."""
 
-  def __init__(self, server):
-    self.server = server
+  def __init__(self, server, processes):
     self.keys = list(server.policy.spec)
-
-  def connect(self, stop, timeout):
-    del stop  # The server replies to calls in flight until it closes.
-    client = self.server.client()
-    return (lambda request: client.call(request, timeout)), client.close
-
-
-class _ShmLink:
-  """How an env process reaches the server: its shared-memory transport
-  (the link pickles)."""
-
-  def __init__(self, server):
-    self.addr, self.handshake = server.addr, server.handshake
-    self.out_spec = server.out_spec
-    self.keys = list(server.policy.spec)
-
-  def connect(self, stop, timeout):
-    client = ShmClient(self.addr, self.out_spec, self.handshake)
-    until = _Until(stop, timeout)
-    if not client.connect(until):
-      until.fail(f'no server at {self.addr}')
-
-    def call(request):
-      until = _Until(stop, timeout)
-      reply = client.call('act', request, until)
-      if reply is None:
-        until.fail('no reply from the server')
-      return reply
-
-    return call, client.close
+    self.names_env = server.policy.carries
+    self.target = server.endpoint('shm') if processes else server
 
 
 def _env_main(index, make_env, channel):
@@ -310,15 +281,16 @@ def _env_process(index, make_env, channel):
 
 
 def _steps(index, env, link, channel):
-  call, close = link.connect(channel.stop, channel.timeout)
+  client = InferenceClient(link.target, channel.timeout)
   try:
     act_keys = [k for k in env.act_space if k != 'reset']
     action = {k: np.zeros(s.shape, s.dtype) for k, s in env.act_space.items()}
     action['reset'] = np.bool_(True)
     envid = np.int64(index)
+    named = {'envid': envid} if link.names_env else {}
     while channel.claim():
       obs = {k: np.asarray(v) for k, v in env.step(action).items()}
-      reply = call({**{k: obs[k] for k in link.keys}, 'envid': envid})
+      reply = client({**{k: obs[k] for k in link.keys}, **named})
       missing = [k for k in act_keys if k not in reply]
       if missing:
         raise KeyError(f'the policy reply lacks the action keys {missing}')
@@ -328,7 +300,7 @@ def _steps(index, env, link, channel):
           **obs, 'envid': envid,
           **{k: np.asarray(v) for k, v in reply.items()}})
   finally:
-    close()
+    client.close()
 
 
 def _stack(rows):

@@ -357,7 +357,7 @@ def test_a_trainer_in_another_process_pushes_weights_its_env_acts_with():
   """The mp transport and the weight sync across processes, by value: the
   pushed weights act in the next batch, replies say their version, the
   carry goes on, and params of another shape are refused to the sender."""
-  from dreamer_ver.inference import InferenceClient, WeightSender
+  from dreamer_ver.inference_client import InferenceClient, WeightSender
   from dreamer_ver.rpc import MPTransport
   transport = MPTransport()
   server = InferenceServer(
@@ -393,7 +393,7 @@ def test_an_inference_client_reaches_the_server_over_any_transport():
   """One client class for every route: the server itself (in-process),
   a pickled endpoint (shm, tcp), a transport's own client."""
   import pickle
-  from dreamer_ver.inference import InferenceClient
+  from dreamer_ver.inference_client import InferenceClient
   server = InferenceServer(counting, SPEC, carry=CARRY, slots=4,
                            transports=('thread', 'shm', 'tcp'),
                            logging=False).start()

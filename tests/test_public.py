@@ -11,7 +11,8 @@ import dreamer_ver
 CHECK = '''
 import sys
 import dreamer_ver
-from dreamer_ver import Collector, EvalWorker, MPTransport, Transport
+from dreamer_ver import (Collector, EvalWorker, InferenceClient, MPTransport,
+                         Transport, WeightSender)
 light = 'jax' not in sys.modules
 from dreamer_ver import InferenceServer
 print(light, 'jax' in sys.modules)
@@ -21,8 +22,8 @@ print(light, 'jax' in sys.modules)
 def test_the_public_names_are_the_library_classes():
   from dreamer_ver.collector import Collector
   from dreamer_ver.evaluation.worker import EvalWorker
-  from dreamer_ver.inference import (
-      InferenceClient, InferenceServer, WeightSender)
+  from dreamer_ver.inference import InferenceServer
+  from dreamer_ver.inference_client import InferenceClient, WeightSender
   from dreamer_ver.rpc.mp_transport import MPTransport
   from dreamer_ver.rpc.transport import Transport
   assert [getattr(dreamer_ver, name) for name in (
