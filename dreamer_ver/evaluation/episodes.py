@@ -17,8 +17,12 @@ the loop keeps its own carry, so it never touches the actor's carry table.
   [T, H, W, C] when the env renders (`frame_key`), else None. Only env 0
   renders its `log/` frames (`Env.render_frames`), from its first step until
   its first episode ends; no other env and no later episode pays for them.
+* `reward_keys`: the observation keys whose values, summed, are each
+  step's reward (the env's own `reward` by default).
 * `duration` (seconds, 0 = none) or `stop` (an Event, checked every step)
-  end the loop early; unfinished episodes are not reported.
+  end the loop early; unfinished episodes are not reported. With
+  `break_when_any_done`, the loop ends at the first step on which any
+  episode ends (those that ended on it are all reported).
 """
 
 import time
@@ -48,7 +52,8 @@ def frame_key(obs_space):
 
 def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
                  duration=0.0, record=False, on_episode=None, stop=None,
-                 max_steps=0):
+                 max_steps=0, reward_keys=('reward',),
+                 break_when_any_done=False):
   """See the module docstring. `on_episode(record)` is called as each
   episode finishes (e.g. to print it). A finished env stops stepping; its
   row keeps its last observation and the policy's output for it is
@@ -100,12 +105,13 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
       act = jax.device_get(act)
     acts = {**{k: np.asarray(v) for k, v in act.items()},
             'reset': obs['is_last'].copy()}
+    reward = np.sum([obs[k] for k in reward_keys], 0, np.float64)
     for i in range(n):
       if not active[i]:
         continue
       if obs['is_first'][i]:
         score[i], length[i] = 0.0, 0
-      score[i] += float(obs['reward'][i])
+      score[i] += float(reward[i])
       length[i] += 1
       # As `scores.jsonl`: the first observation is not a step.
       cut = bool(max_steps) and length[i] - 1 >= max_steps and not (
@@ -120,7 +126,9 @@ def run_episodes(agent, params, envs, shares, mode='greedy', seed=0,
           on_episode(record)
         done[i] += 1
         active[i] = done[i] < shares[i]
-  if image_key:  # Cut short (duration, stop): env 0 may still be rendering.
+    if break_when_any_done and results:
+      break
+  if image_key:  # Cut short (duration, stop, a break): env 0 may render.
     envs[0].render_frames(False)
   return results, (np.stack(frames) if frames else None)
 

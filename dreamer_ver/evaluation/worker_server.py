@@ -2,7 +2,8 @@
 contract and the caller's handle): `serve` builds the envs, the agent and an
 RPC server; `_Evaluations` keeps at most one job running and one waiting and
 the results not polled yet, and runs the jobs with the episode loop of
-`evaluation/episodes.py` on the worker's own copy of the params.
+`evaluation/episodes.py` on the worker's own copy of the params, each
+step's reward the sum of its `reward_keys` observations.
 """
 
 import collections
@@ -23,9 +24,10 @@ from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.targets import load
 from dreamer_ver.evaluation.records import (
     MODES, process_identity, record_path, remove_record)
+from dreamer_ver.transitions import is_log
 
 
-def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
+def serve(config, name, env_maker, init_fn, policy_maker, reward_keys,
           stop=None):
   """The worker: a child process of its EvalWorker's owner (`stop` None;
   it also ends when that process dies), or a thread of a Ray Host (`stop`
@@ -57,7 +59,7 @@ def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
   evaluations = _Evaluations(
       make, make_policy, int(config.run.eval_worker_envs), device, stop,
       seed=int(config.seed), timeout=float(config.run.eval_timeout),
-      hosted=parent is None)
+      reward_keys=tuple(reward_keys), hosted=parent is None)
   addr = config.run.eval_addr
   if not addr:
     port = addresses.free_port()
@@ -69,6 +71,7 @@ def serve(config, name, env_maker=None, init_fn=None, policy_maker=None,
   server.bind('submit', evaluations.submit)
   server.bind('poll', evaluations.poll, workers=2)  # Owner and from_name.
   server.bind('status', evaluations.status)
+  server.bind('scalars', evaluations.scalars)
   server.bind('shutdown', evaluations.shutdown)
   server.start()
   thread = threading.Thread(
@@ -96,16 +99,19 @@ class _Evaluations:
   threads, `run` on the evaluation thread."""
 
   def __init__(self, make_env, make_policy, count, device, stop, seed,
-               timeout, hosted=False):
+               timeout, reward_keys, hosted=False):
     self.make_env = make_env  # env index -> env
     self.count = count  # envs, each running a share of a job's episodes
     self.device = device
     self.stop = stop
     self.seed = seed
     self.timeout = timeout  # seconds a job may run unless it says otherwise
+    self.reward_keys = reward_keys
     self.hosted = hosted  # by a Ray Host, which alone may end it
     self.envs = self._build_envs()
     env = self.envs[0]
+    self.scalar_keys = sorted(k for k, space in env.obs_space.items()
+                              if space.shape == () and not is_log(k))
     self.agent, template = make_policy(env.obs_space, env.act_space)
     self.keys = tuple(template)
     self.shapes = {path: (tuple(np.shape(leaf)), np.asarray(leaf).dtype)
@@ -115,10 +121,12 @@ class _Evaluations:
     self.running = None  # the version being evaluated
     self.results = collections.deque()
 
-  def submit(self, params, version, episodes, mode, max_steps=0, timeout=0):
+  def submit(self, params, version, episodes, mode, max_steps=0, timeout=0,
+             break_when_any_done=False):
     # Scalars arrive as numpy values from the wire.
     version, episodes, mode = int(version), int(episodes), str(mode)
     max_steps, timeout = int(max_steps), float(timeout)
+    break_when_any_done = bool(break_when_any_done)
     if max_steps < 0 or timeout < 0:
       raise ValueError(
           f'max_steps and timeout must be >= 0, got {max_steps}, {timeout}')
@@ -131,7 +139,8 @@ class _Evaluations:
     params = {k: params[k] for k in self.keys if k in params}
     _check_shapes(params, self.shapes)
     job = dict(params=params, version=version, episodes=episodes, mode=mode,
-               max_steps=max_steps, timeout=timeout)
+               max_steps=max_steps, timeout=timeout,
+               break_when_any_done=break_when_any_done)
     with self.cond:
       replaced = self.pending['version'] if self.pending else None
       self.pending = job
@@ -151,6 +160,11 @@ class _Evaluations:
       pending = self.pending['version'] if self.pending else None
       return {'pid': os.getpid(), 'running': self.running,
               'pending': pending, 'results': len(self.results)}
+
+  def scalars(self):
+    """The keys of the env's scalar observations: what `reward_keys` may
+    name (the caller checks them before it submits anything)."""
+    return self.scalar_keys
 
   def shutdown(self):
     if self.hosted:
@@ -186,7 +200,8 @@ class _Evaluations:
           self.results.append(result)
         self.cond.notify_all()
 
-  def _evaluate(self, params, version, episodes, mode, max_steps, timeout):
+  def _evaluate(self, params, version, episodes, mode, max_steps, timeout,
+                break_when_any_done):
     import jax
     from dreamer_ver.evaluation.episodes import episode_shares, run_episodes
     start = time.time()
@@ -198,14 +213,16 @@ class _Evaluations:
       episodes_run, frames = run_episodes(
           self.agent, jax.device_put(params, self.device), self.envs[:count],
           episode_shares(episodes, count), mode, self.seed,
-          duration=timeout, record=True, stop=self.stop, max_steps=max_steps)
+          duration=timeout, record=True, stop=self.stop, max_steps=max_steps,
+          reward_keys=self.reward_keys,
+          break_when_any_done=break_when_any_done)
       if self.stop.is_set():
         return None  # Shutting down: the episodes were cut short.
-      if len(episodes_run) < episodes:
+      if len(episodes_run) < (1 if break_when_any_done else episodes):
         self.close_envs()  # Mid-episode: the next evaluation starts afresh.
         return {'error': (
-            f'the evaluation ran past its time limit ({timeout:g} s, '
-            f'run.eval_timeout or the submit timeout) with '
+            f'the evaluation ran past its time limit ({timeout:g} s: '
+            'the worker\'s eval_timeout, or the submit timeout) with '
             f'{len(episodes_run)} of {episodes} episodes finished; do the '
             'eval envs end their episodes (a time limit)?'),
             'version': version}
@@ -215,10 +232,11 @@ class _Evaluations:
       return {'error': f'{type(e).__name__}: {e}', 'version': version}
     scores = [r['score'] for r in episodes_run]
     lengths = [r['length'] for r in episodes_run]
+    mean = float(np.mean(scores))
     return {
         'version': version, 'mode': mode, 'episodes': len(scores),
-        'scores': scores, 'lengths': lengths,
-        'score_mean': float(np.mean(scores)),
+        'scores': scores, 'lengths': lengths, 'reward': mean,
+        'score_mean': mean,
         'score_std': float(np.std(scores)),
         'length_mean': float(np.mean(lengths)),
         'truncated': sum(r['truncated'] for r in episodes_run),

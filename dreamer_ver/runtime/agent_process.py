@@ -36,7 +36,7 @@ from dreamer_ver.cluster.links import Links, resolve
 from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
-from dreamer_ver.evaluation.worker import PeriodicEvaluation
+from dreamer_ver.evaluation.periodic import PeriodicEvaluation
 from dreamer_ver.learner.learner import Learner, loggable
 from dreamer_ver.learner.learner import Options as LearnerOptions
 from dreamer_ver.rpc import shm_protocol

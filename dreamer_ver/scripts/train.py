@@ -27,7 +27,7 @@ from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.envs import make_run_env
-from dreamer_ver.evaluation.worker import PeriodicEvaluation
+from dreamer_ver.evaluation.periodic import PeriodicEvaluation
 from dreamer_ver.atomic import write_json
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.logger.summary import summary

@@ -65,7 +65,7 @@ def flaky_env(index):
 
 @pytest.fixture(scope='module')
 def worker(config):
-  worker = EvalWorker(config, name='main')
+  worker = EvalWorker(config=config, name='main')
   yield worker
   worker.shutdown()
 
@@ -165,7 +165,7 @@ def test_from_name_in_another_process_polls_the_same_worker(
 
 def test_an_env_error_is_a_result_and_the_worker_recovers(config, agent):
   Flaky.failed = False  # in this process; the worker has its own
-  worker = EvalWorker(config, name='flaky', env_maker=flaky_env)
+  worker = EvalWorker(flaky_env, config=config, name='flaky')
   try:
     pid = worker.status()['pid']
     params = cue_params(agent, True)
@@ -187,11 +187,12 @@ def test_an_env_error_is_a_result_and_the_worker_recovers(config, agent):
 
 def test_callables_must_reach_the_worker_process(config):
   with pytest.raises(TypeError, match='top-level function'):
-    EvalWorker(config, name='x', env_maker=lambda i: None)
+    EvalWorker(lambda i: None, config=config, name='x')
   with pytest.raises(ValueError, match='cannot be imported'):
-    EvalWorker(config, name='x', init_fn='dreamer_ver.envs:no_such_thing')
+    EvalWorker(init_fn='dreamer_ver.envs:no_such_thing', config=config,
+               name='x')
   with pytest.raises(ValueError, match='name'):
-    EvalWorker(config, name='../x')
+    EvalWorker(config=config, name='../x')
 
 
 def endless_env(index):
@@ -203,10 +204,10 @@ def endless_env(index):
 def test_time_limits_end_evaluations_of_an_env_without_a_time_limit(
     config, agent):
   """An env whose episodes never end: `max_steps` cuts them (they count,
-  truncated); without it the evaluation is an error result past
-  run.eval_timeout, or past a shorter `timeout` of its own."""
-  worker = EvalWorker(config.update({'run.eval_timeout': 2.0}),
-                      name='endless', env_maker=endless_env)
+  truncated); without it the evaluation is an error result past the
+  worker's eval_timeout, or past a shorter `timeout` of its own."""
+  worker = EvalWorker(endless_env, config=config, name='endless',
+                      eval_timeout=2.0)
   try:
     worker.submit(cue_params(agent, True), 1, episodes=3, max_steps=7)
     result = worker.poll(timeout=120)
@@ -214,7 +215,7 @@ def test_time_limits_end_evaluations_of_an_env_without_a_time_limit(
     worker.submit(cue_params(agent, True), 2, episodes=2)
     result = worker.poll(timeout=120)
     assert result['version'] == 2
-    assert 'run.eval_timeout' in result['error'], result
+    assert 'time limit (2 s: the worker\'s eval_timeout' in result['error']
     assert '0 of 2 episodes' in result['error'], result
     worker.submit(cue_params(agent, True), 3, episodes=1, timeout=1.0)
     result = worker.poll(timeout=120)
@@ -224,7 +225,7 @@ def test_time_limits_end_evaluations_of_an_env_without_a_time_limit(
 
 
 def test_a_custom_policy_scores_exactly_what_its_params_say(config):
-  worker = EvalWorker(config, name='custom', policy_maker=cue_policy)
+  worker = EvalWorker(policy_maker=cue_policy, config=config, name='custom')
   try:
     for version, flip, score in ((1, 0, LENGTH), (2, 1, 0)):
       worker.submit({'flip': np.int32(flip)}, version, episodes=3)
@@ -288,30 +289,3 @@ def test_any_malformed_params_are_an_error_to_their_caller_only(
   with pytest.raises((RuntimeError, TypeError, ValueError)):
     worker.submit(params, 1)
   assert worker.status()['pending'] is None
-
-
-def test_a_runs_evaluation_starts_its_worker_where_the_launcher_says(
-    config, monkeypatch):
-  """`PeriodicEvaluation.of` reads `run.eval_*` and `ray.eval_*` once; the
-  launcher, not the config, says whether the worker runs on Ray."""
-  from dreamer_ver.evaluation import worker as workerlib
-  started = []
-  monkeypatch.setattr(workerlib, 'EvalWorker',
-                      lambda *args, **kwargs: started.append((args, kwargs)))
-  config = config.update({
-      'run.eval_every': 7.5, 'run.eval_worker_envs': 3,
-      'run.eval_mode': 'sample', 'run.eval_max_steps': 11,
-      'ray.eval_cpus': 0.25, 'ray.eval_gpus': 0.5})
-  cancel = object()
-  for host in ('process', 'ray'):
-    evaluation = workerlib.PeriodicEvaluation.of(
-        config, latest=None, version=None, send=None, host=host, name='x')
-    assert (evaluation.every, evaluation.job) == (7.5, (3, 'sample', 11))
-    evaluation.start_worker(cancel)
-  assert started == [
-      ((config, 'x'), {'cancel': cancel}),
-      ((config, 'x'), {'cancel': cancel, 'host': 'ray', 'num_cpus': 0.25,
-                       'num_gpus': 0.5})]
-  with pytest.raises(ValueError, match='run.eval_worker_envs >= 1'):
-    workerlib.PeriodicEvaluation.of(
-        config.update({'run.eval_worker_envs': 0}), None, None, None)

@@ -1,11 +1,14 @@
 """The eval worker's test task and hand-built params whose scores are
-known: the cue params score the maximum (`LENGTH`) or nothing."""
+known: the cue params score the maximum (`LENGTH`) or nothing; and a
+worker's parts for library use without a run config (`counting_env`,
+`idle_policy`), whose scores are known whatever the params."""
 
 import json
 import os
 import subprocess
 import sys
 
+import elements
 import jax
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import pytest
 from dreamer_ver import config as configlib
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_run_env
+from dreamer_ver.envs.base import Env, basic_obs, basic_obs_space
 
 LENGTH = 10
 STEP_TIME = 0.02  # seconds per env step: an evaluation lasts long enough to poll
@@ -125,3 +129,52 @@ class CuePolicy:
 
 def cue_policy(obs_space, act_space):
   return CuePolicy(obs_space, act_space)
+
+
+class Counting(Env):
+  """Episodes of `length` steps whose observations give a = 1, b = 2 and
+  reward = 5 on each step (all 0 on the reset), whatever the actions."""
+
+  def __init__(self, length):
+    self.length = length
+    self.count = length  # The first step resets.
+
+  @property
+  def obs_space(self):
+    return {'a': elements.Space(np.float32), 'b': elements.Space(np.float32),
+            **basic_obs_space()}
+
+  @property
+  def act_space(self):
+    return {'reset': elements.Space(bool),
+            'action': elements.Space(np.int32, (), 0, 2)}
+
+  def step(self, action):
+    if action['reset'] or self.count >= self.length:
+      self.count = 0
+      return {'a': np.float32(0), 'b': np.float32(0),
+              **basic_obs(is_first=True)}
+    self.count += 1
+    last = self.count >= self.length
+    return {'a': np.float32(1), 'b': np.float32(2),
+            **basic_obs(5.0, is_last=last, is_terminal=last)}
+
+
+COUNTING_LENGTHS = (3, 10)  # of env 0's and env 1's episodes
+
+
+def counting_env(index):
+  return Counting(COUNTING_LENGTHS[index])
+
+
+class IdlePolicy(CuePolicy):
+  """CuePolicy's params and carry, acting 0 whatever it sees (an env
+  without a cue)."""
+
+  def policy(self, params, carry, obs, key, mode):
+    del params, key, mode
+    return carry, {'action': np.zeros(len(obs['is_first']), np.int32)}, {}
+
+
+def idle_policy(obs_space, act_space):
+  return IdlePolicy(obs_space, act_space)

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from dreamer_ver.evaluation.worker import (
-    EvalWorker, PeriodicEvaluation, record_path)
+from dreamer_ver.evaluation.periodic import PeriodicEvaluation
+from dreamer_ver.evaluation.worker import EvalWorker, record_path
 from helpers.evaluation import (  # noqa: F401  (config, agent: fixtures)
     LENGTH, agent, config, cue_params, poll_from_another_process)
 from helpers.runs import children_alive, metrics, start, stop, wait_until
@@ -141,7 +141,7 @@ def _status(worker):
 
 def test_a_ray_hosted_worker_scores_restarts_and_is_found_by_name(
     config, agent, local_ray):
-  worker = EvalWorker(config, name='onray', host='ray', num_cpus=1)
+  worker = EvalWorker(config=config, name='onray', host='ray', num_cpus=1)
   try:
     worker.submit(cue_params(agent, True), 1, episodes=2)
     result = worker.poll(timeout=120)

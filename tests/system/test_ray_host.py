@@ -55,16 +55,15 @@ def test_a_component_that_fails_after_setting_its_stop_restarts(
 
 def test_a_detached_ray_worker_with_a_custom_policy_is_found_by_name(
     local_ray, tmp_path):
-  """The eval worker's Ray options: any Ray option passes through
-  (`lifetime='detached'`: it outlives its handle), a custom policy
-  (`policy_maker`), and `from_name` through Ray's named actors."""
+  """A named eval worker on Ray is detached (it outlives its handle), with
+  a custom policy (`policy_maker`), and `from_name` finds it through Ray's
+  named actors."""
   from dreamer_ver import config as configlib
   from dreamer_ver.evaluation.worker import EvalWorker
   from helpers.evaluation import FLAGS, LENGTH
   config = configlib.load_config([*FLAGS, '--logdir', str(tmp_path)])
-  owner = EvalWorker(config, name='custom', host='ray', num_cpus=0.5,
-                     policy_maker='helpers.evaluation:cue_policy',
-                     remote_kwargs={'lifetime': 'detached'})
+  owner = EvalWorker(policy_maker='helpers.evaluation:cue_policy',
+                     config=config, name='custom', host='ray', num_cpus=0.5)
   try:
     owner.close()  # The handle goes; the detached worker stays.
     token = (tmp_path / 'token').read_text().strip()
