@@ -26,8 +26,7 @@ import time
 import numpy as np
 from portal.client_socket import Disconnected
 
-from .server_socket import check_args
-from .transport import Transport
+from .transport import Transport, drain
 
 _CLOSE = -1  # the reqnum of a client's goodbye
 _GONE = -2  # the reqnum of the server's goodbye to a waiting client
@@ -65,30 +64,16 @@ class MPTransport(Transport):
 
   def receive(self, timeout):
     self._expire()
-    try:
-      messages = [self._calls.get(timeout=timeout)]
-    except queue.Empty:
-      return []
-    while len(messages) < 256:
-      try:
-        messages.append(self._calls.get_nowait())
-      except queue.Empty:
-        break
     calls = []
-    for conn, reqnum, data in messages:
+    for conn, reqnum, data in drain(self._calls, timeout):
       if conn not in self.conns:
         continue  # Closed, or expired: its calls are dropped.
       if reqnum == _CLOSE:
         self._disconnect(conn)
         continue
       self._heard[conn] = time.monotonic()
-      problem = check_args([data])
-      if problem is None:
+      if self.admit(conn, reqnum, data):
         calls.append((conn, reqnum, data))
-      else:
-        self.refused += 1
-        self.error_reply(conn, reqnum, 4, (
-            f'{self.method}() expects a dict of numpy arrays; got {problem}'))
     return calls
 
   def reply(self, conn, reqnum, value):

@@ -21,7 +21,6 @@ import uuid
 
 import numpy as np
 
-from .server_socket import check_args
 from .transport import Transport
 
 
@@ -59,17 +58,8 @@ class RayTransport(Transport):
       if conn in self.conns:
         self.conns.discard(conn)
         self.disconnects += 1
-    valid = []
-    for conn, reqnum, data in calls:
-      self.conns.add(conn)
-      problem = check_args([data])
-      if problem is None:
-        valid.append((conn, reqnum, data))
-      else:
-        self.refused += 1
-        self.error_reply(conn, reqnum, 4, (
-            f'{self.method}() expects a dict of numpy arrays; got {problem}'))
-    return valid
+    self.conns.update(conn for conn, _, _ in calls)
+    return [call for call in calls if self.admit(*call)]
 
   def reply(self, conn, reqnum, value):
     if conn not in self.conns:

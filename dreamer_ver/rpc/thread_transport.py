@@ -15,8 +15,7 @@ from concurrent.futures import Future
 import numpy as np
 from portal.client_socket import Disconnected
 
-from .server_socket import check_args
-from .transport import Transport
+from .transport import Transport, drain
 
 
 class ThreadTransport(Transport):
@@ -55,16 +54,8 @@ class ThreadTransport(Transport):
     return future
 
   def receive(self, timeout):
-    try:
-      calls = [self._calls.get(timeout=timeout)]
-    except queue.Empty:
-      return []
-    while len(calls) < 256:
-      try:
-        calls.append(self._calls.get_nowait())
-      except queue.Empty:
-        break
-    return [call for call in calls if self._valid(*call)]
+    return [call for call in drain(self._calls, timeout)
+            if self.admit(*call)]
 
   def reply(self, conn, reqnum, value):
     future = self._pop(conn, reqnum)
@@ -105,15 +96,6 @@ class ThreadTransport(Transport):
   def _pop(self, conn, reqnum):
     with self._lock:
       return self._futures.pop((conn, reqnum), None)
-
-  def _valid(self, conn, reqnum, data):
-    problem = check_args([data])
-    if problem is None:
-      return True
-    self.refused += 1
-    self.error_reply(conn, reqnum, 4, (
-        f'{self.method}() expects a dict of numpy arrays; got {problem}'))
-    return False
 
 
 class ThreadClient:

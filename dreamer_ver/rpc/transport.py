@@ -37,6 +37,9 @@ A client is whatever the transport's callers use; the built-in ones are
 """
 
 import abc
+import queue
+
+from .server_socket import check_args
 
 ATTRIBUTES = ('kind', 'conns', 'disconnects', 'refused', 'error')
 METHODS = ('receive', 'reply', 'error_reply', 'shutdown', 'close')
@@ -66,11 +69,37 @@ class Transport(abc.ABC):
   def error_reply(self, conn, reqnum, status, message):
     """Sends an error to the call; False if its caller is gone."""
 
+  def admit(self, conn, reqnum, data):
+    """Whether `data` is a dict of numpy arrays; if not, the call is
+    refused (an error reply to its caller, counted in `refused`)."""
+    problem = check_args([data])
+    if problem is None:
+      return True
+    self.refused += 1
+    self.error_reply(conn, reqnum, 4, (
+        f'{self.method}() expects a dict of numpy arrays; got {problem}'))
+    return False
+
   def shutdown(self):
     """Takes no new calls."""
 
   def close(self, timeout):
     """Lets go of everything; a second call does nothing."""
+
+
+def drain(calls, timeout, most=256):
+  """Up to `most` items of the queue `calls`: the first within `timeout`
+  seconds (else none), then those already there."""
+  try:
+    items = [calls.get(timeout=timeout)]
+  except queue.Empty:
+    return []
+  while len(items) < most:
+    try:
+      items.append(calls.get_nowait())
+    except queue.Empty:
+      break
+  return items
 
 
 def missing(transport):
