@@ -234,8 +234,11 @@ def test_a_client_that_never_reads_its_replies_loses_only_its_connection():
     sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
                         threading.Event())
     with contextlib.closing(sock):
-      for reqnum in range(64):  # More than the socket buffers can hold.
-        wire.send(sock, wire.request(reqnum, 'big', ()))
+      try:
+        for reqnum in range(64):  # More than the socket buffers can hold.
+          wire.send(sock, wire.request(reqnum, 'big', ()))
+      except (ConnectionResetError, BrokenPipeError):
+        pass  # Dropped already: a busy machine sends the calls slower.
       # Until its replies are all queued or dropped, or it was closed.
       served, deadline = 0, time.monotonic() + 20
       while served < 64 and not server.socket.disconnects and (
