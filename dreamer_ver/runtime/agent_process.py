@@ -193,7 +193,7 @@ def run_agent(config, eval_host='process', stop=None):
       fps.step(shipper.served - last)
       last = shipper.served
       if should_log():
-        stats = actor_stats(server.stats())
+        stats = actor_stats(server.stats(), max(actor.buckets))
         stats['fps/policy'] = fps.result()
         stats['actor/served'] = shipper.served
         stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
@@ -303,12 +303,19 @@ def failure(learner_errors, server, links):
   return None
 
 
-def actor_stats(stats):
+def actor_stats(stats, largest):
   """The batch server's stats as logger scalars; the batch-size histogram
-  becomes one count per size (`actor/batch_size/007`, zero-padded so the
-  keys sort by size)."""
+  becomes one count per power-of-two bin up to `largest` (the key names
+  its smallest size, zero-padded so the keys sort: `actor/batch_size/004`
+  counts the batches of 4 to 7), every bin in every report, zeros too: the
+  logger averages each key over the reports of its interval, and a bin
+  missing from one of them would break the sum (the batches)."""
   scalars = {f'actor/{k}': v for k, v in stats.items()
              if isinstance(v, (int, float))}
+  lower = 1
+  while lower <= largest:
+    scalars[f'actor/batch_size/{lower:03d}'] = 0
+    lower *= 2
   for size, count in stats.get('batch_sizes', {}).items():
-    scalars[f'actor/batch_size/{size:03d}'] = count
+    scalars[f'actor/batch_size/{1 << (size.bit_length() - 1):03d}'] += count
   return scalars

@@ -64,8 +64,9 @@ def test_parallel_runs_to_steps_writes_every_output_and_resumes(
   keys = set().union(*metrics)
   assert {'train/loss/dyn', 'fps/train', 'fps/policy',
           'replay/items'} <= keys, sorted(keys)
-  # The batch-size histogram: one count per size, summing to the batches
-  # of the same log interval; sizes never exceed the 5 envs (4 + 1 eval).
+  # The batch-size histogram: one count per power-of-two bin, summing to
+  # the batches of the same log interval (also where two reports of the
+  # actor fell into it); no bin above the 5 envs (4 + 1 eval).
   hists = [(m['actor/batches'], {int(k.rsplit('/', 1)[1]): v
                                  for k, v in m.items()
                                  if k.startswith('actor/batch_size/')})
