@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import ROOT
 from helpers.processes import process_state
 sys.path.insert(0, str(ROOT / 'bench'))
@@ -18,24 +20,30 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
 
 
 def _start(logdir, steps):
+  """The run, a process group of its own (as a shell's job)."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   return subprocess.Popen(
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
        '--logdir', str(logdir), '--run.steps', str(steps), *FLAGS],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True)
+      text=True, start_new_session=True)
 
 
-def _sigterm(proc):
-  """Ends a run the way a user does; returns its output."""
-  proc.send_signal(signal.SIGTERM)
+def _sigterm(proc, group=False):
+  """Ends a run the way a user does (`group`: `timeout`, a scheduler or
+  `kill -- -PGID`, which signal every process at once); returns its
+  output."""
+  if group:
+    os.killpg(proc.pid, signal.SIGTERM)
+  else:
+    proc.send_signal(signal.SIGTERM)
   return proc.communicate(timeout=60)[0]
 
 
 def _kill(proc):
   """Cleans up after a failed check: the run must not outlive the test."""
   if proc.poll() is None:
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
@@ -133,19 +141,26 @@ def _agent_lines(out):
                    if any(key in line for key in keys))[-4000:]
 
 
-def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(tmp_path):
+@pytest.mark.parametrize('group', [False, True], ids=['run', 'group'])
+def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
+    tmp_path, group):
+  """SIGTERM to the run, or to every process of it at once: the children
+  stop in the supervisor's order (envs and agent, then the servers that
+  save what they sent), none is killed, and a rerun resumes."""
   logdir = tmp_path / 'run'
   proc = _start(logdir, 100_000)
   try:
     assert _wait_for(lambda: _served(logdir) > 100, 240), 'run never started'
     children = [_pid(logdir, n) for n in ('env0', 'replay', 'logger')]
     start = time.monotonic()
-    out = _sigterm(proc)
+    out = _sigterm(proc, group)
     elapsed = time.monotonic() - start
   finally:
     _kill(proc)
   assert proc.returncode == 0, out[-3000:]
   assert elapsed < 20, elapsed  # 15 s budget plus interpreter exit.
+  assert 'did not stop within' not in out and 'Traceback' not in out, (
+      out[-3000:])
   assert not any(_alive(pid) for pid in children)
   saved = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert saved['steps'] > 0
@@ -238,7 +253,8 @@ def _component(logdir, script, flags, log):
     return subprocess.Popen(
         [sys.executable, '-m', 'dreamer_ver.main', '--script', script,
          '--logdir', str(logdir), *flags],
-        cwd=ROOT, env=env, stdout=file, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, env=env, stdout=file, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
 
 
 def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
@@ -355,7 +371,7 @@ def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
        '--logdir', str(logdir), '--run.steps', '400', *FLAGS],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True)
+      text=True, start_new_session=True)
   try:
     out = proc.communicate(timeout=420)[0]
   finally:
