@@ -59,6 +59,8 @@ from .thread_transport import ThreadTransport
 from .transport import missing
 
 _FAILED = object()  # the context of a batch whose handler raised
+# What the refusal of an env id that another open connection holds says.
+TAKEN = 'is already used by another connection'
 
 
 class BatchServer:
@@ -286,7 +288,7 @@ class BatchServer:
     for envid in envids:
       owner = self._owner.get(envid, conn)
       if owner != conn and self._is_open(owner):
-        return (f'env id {envid} is already used by another connection '
+        return (f'env id {envid} {TAKEN} '
                 f'({owner}); every env needs an id of its own (give each '
                 f'host its own run.envid_offset)')
     for envid in envids:

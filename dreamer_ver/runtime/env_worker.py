@@ -8,8 +8,12 @@ in one request per half on one connection, and the halves alternate: one
 half steps while the other waits for its actions (double buffering). The
 actor still treats every env as its own row. When the actor goes away the
 worker reconnects by itself and starts fresh episodes (the actor sees
-`is_first` and resets those carries).
+`is_first` and resets those carries). Env ids that another connection
+still holds (a vanished host's, until the actor knows it is dead) are
+asked for again for up to TAKEN_SECONDS.
 """
+
+import time
 
 import numpy as np
 from portal.client_socket import Disconnected
@@ -20,8 +24,12 @@ from dreamer_ver.envs import make_run_env
 from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.addresses import handshake as token_handshake
 from dreamer_ver.rpc.addresses import split_addr
+from dreamer_ver.rpc.batch_server import TAKEN
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.shm_client import ShmClient
+
+
+TAKEN_SECONDS = 40  # past the actor's keepalive bound on a dead peer (25 s)
 
 
 def run_env(config, envid, is_eval=False, stop=None):
@@ -38,10 +46,14 @@ def run_envs(config, envids, is_eval=False, stop=None):
       list(range(n // 2)), list(range(n // 2, n))]
   client = actor_client(config, envs[0].act_space)
   client.connect(stop)
+  taken = None  # when the actor first said another connection has an id
   while not stop:
     try:
       _serve(client, envs, envids, halves, is_eval, stop)
     except Disconnected:
+      client.connect(stop)
+    except RuntimeError as error:
+      taken = _wait_for_ids(error, taken, stop)
       client.connect(stop)
   client.close()
   for env in envs:
@@ -73,6 +85,25 @@ def _serve(client, envs, envids, halves, is_eval, stop):
         for row, i in enumerate(half):
           actions[i] = {k: v[row] for k, v in reply.items()}
       pending[h] = ask(half)
+
+
+def _wait_for_ids(error, since, stop):
+  """After the actor refused env ids that another connection holds: a
+  wait before asking again, and the time of the first refusal. That
+  connection may be a dead host's, which the actor closes once its
+  keepalive probes go unanswered (`rpc/server_socket.py`, 25 s); after
+  TAKEN_SECONDS the error is raised (two hosts with the same ids)."""
+  if TAKEN not in str(error):
+    raise error
+  now = time.monotonic()
+  if since is None:
+    print(f'{error}; asking again until that connection closes (a '
+          f'vanished host\'s does within {TAKEN_SECONDS} s).', flush=True)
+    since = now
+  elif now - since > TAKEN_SECONDS:
+    raise error
+  stop.wait(1.0)
+  return since
 
 
 def actor_client(config, act_space):

@@ -248,3 +248,18 @@ def test_a_client_that_never_reads_its_replies_loses_only_its_connection():
         time.sleep(0.01)
       assert client.add(2, 3).result(timeout=10) == 5
       assert closed_by_peer(sock, 10)
+
+
+def test_the_kernel_probes_every_connection_for_a_vanished_peer():
+  """A peer whose host is gone sends no close; keepalive probes end its
+  connection (tests/system/test_hosts.py cuts a host off for real)."""
+  with _serving({'add': lambda x, y: x + y}) as (server, client, port):
+    assert client.add(1, 2).result(timeout=10) == 3
+    (conn,) = server.socket.conns.values()
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+               (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+               (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+               (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+               (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)]
+    assert [conn.sock.getsockopt(*o) for o in options] == [
+        1, *server.socket.KEEPALIVE, 1000 * server.socket.UNACKNOWLEDGED]

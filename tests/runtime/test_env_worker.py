@@ -1,5 +1,7 @@
 """The env ids the scripts hand out to their env processes."""
 
+import pytest
+
 from dreamer_ver import config as config_module
 from dreamer_ver.runtime.env_worker import fleets
 
@@ -18,3 +20,27 @@ def test_fleets_give_every_env_id_once_train_ids_first():
   shifted = fleets(run, offset=20)
   assert [ids for _, ids, _ in shifted] == [
       [i + 20 for i in ids] for _, ids, _ in groups]
+
+
+def test_ids_another_connection_holds_are_asked_for_again_for_a_while(
+    monkeypatch):
+  """A vanished host's connection keeps its env ids until the actor knows
+  it is dead: its replacement asks again instead of crashing, for
+  TAKEN_SECONDS; other errors, and a wait past that, are raised."""
+  import threading
+  from dreamer_ver.rpc.batch_server import TAKEN
+  from dreamer_ver.runtime import env_worker
+  now = [100.0]
+  monkeypatch.setattr(env_worker.time, 'monotonic', lambda: now[0])
+  stop = threading.Event()
+  stop.set()  # No real waiting.
+  taken = RuntimeError(f'env id 3 {TAKEN} (conn 7)')
+  since = env_worker._wait_for_ids(taken, None, stop)
+  assert since == 100.0
+  now[0] += env_worker.TAKEN_SECONDS
+  assert env_worker._wait_for_ids(taken, since, stop) == 100.0
+  now[0] += 1
+  with pytest.raises(RuntimeError, match='already used'):
+    env_worker._wait_for_ids(taken, since, stop)
+  with pytest.raises(RuntimeError, match='bad key'):
+    env_worker._wait_for_ids(RuntimeError('bad key'), None, stop)
