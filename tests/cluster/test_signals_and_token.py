@@ -19,8 +19,8 @@ def test_run_periodically_calls_each_task_at_its_interval_until_stopped():
   tasks = [(0.05, lambda: calls['fast'].append(time.monotonic())),
            (0.3, lambda: calls['slow'].append(time.monotonic())),
            (0, lambda: calls['never'].append(time.monotonic()))]
+  start = time.monotonic()  # Before the timer: at least 1 s then.
   threading.Timer(1.0, stop.set).start()
-  start = time.monotonic()
   run_periodically(stop, tasks, poll=0.01)
   elapsed = time.monotonic() - start
   assert 1.0 <= elapsed < 3.0
