@@ -59,7 +59,7 @@ import traceback
 
 import numpy as np
 
-from dreamer_ver.inference_client import InferenceClient
+from dreamer_ver.inference_client import Deadline, InferenceClient
 
 
 class Collector:
@@ -210,28 +210,12 @@ class _Channel:
   def _wait(self, attempt, what):
     """attempt(seconds), a queue's get or put, retried in short slices
     until it succeeds, so that a stop ends the wait."""
-    until = _Until(self.stop, self.timeout)
+    until = Deadline(self.timeout, self.stop)
     while not until.is_set():
       try:
         return attempt(0.1)
       except (queue.Empty, queue.Full):
         continue
-    until.fail(what)
-
-
-class _Until:
-  """`stop` that is also set `timeout` seconds from now: what a bounded
-  wait checks."""
-
-  def __init__(self, stop, timeout):
-    self.stop, self.timeout = stop, timeout
-    self.deadline = time.monotonic() + timeout
-
-  def is_set(self):
-    return self.stop.is_set() or time.monotonic() > self.deadline
-
-  def fail(self, what):
-    """Raises why the wait ended: the stop, or the time ran out."""
     if self.stop.is_set():
       raise _Stopped
     raise TimeoutError(f'{what} within {self.timeout} s')

@@ -51,7 +51,7 @@ class InferenceClient:
     timeout = self.timeout if timeout is None else timeout
     if not isinstance(self.target, Endpoint):
       return self.target.call(obs, timeout=timeout)
-    stop = _Deadline(timeout)
+    stop = Deadline(timeout)
     if self._client is None:
       self._client = self._connect(stop)
     try:
@@ -108,7 +108,7 @@ class WeightSender:
     self._client = None
 
   def send(self, params, version):
-    stop = _Deadline(self.timeout)
+    stop = Deadline(self.timeout)
     if self._client is None:
       self._client = BlockingClient(self.addr, self.handshake)
       if not self._client.connect(stop):
@@ -135,19 +135,20 @@ class WeightSender:
     return {**self.__dict__, '_client': None}
 
 
-class _Deadline:
-  """A stop event (`is_set`, `wait`) that sets itself after `seconds`."""
+class Deadline:
+  """A stop event (`is_set`, `wait`) that sets itself after `seconds`, or
+  when `stop` (an Event) is set first."""
 
-  def __init__(self, seconds):
+  def __init__(self, seconds, stop=None):
     self.seconds = seconds
     self.end = time.monotonic() + seconds
-    self._never = threading.Event()
+    self.stop = threading.Event() if stop is None else stop
 
   def is_set(self):
-    return time.monotonic() >= self.end
+    return self.stop.is_set() or time.monotonic() >= self.end
 
   def wait(self, seconds):
-    self._never.wait(max(0.0, min(seconds, self.end - time.monotonic())))
+    self.stop.wait(max(0.0, min(seconds, self.end - time.monotonic())))
     return self.is_set()
 
 
