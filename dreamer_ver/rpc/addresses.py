@@ -12,6 +12,8 @@ control plane that moves a server to another host (`cluster/ray_host.py`)
 can tell the clients where it went.
 """
 
+import os
+import random
 import socket
 
 from . import auth
@@ -68,9 +70,38 @@ def handshake(token):
 
 
 def free_port(host='127.0.0.1'):
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-    sock.bind((host, 0))
-    return sock.getsockname()[1]
+  """A port nothing on `host` holds now, for a server that binds it later.
+  Drawn below the kernel's ephemeral range: a port from that range (what
+  binding port 0 returns) may meanwhile become the local port of any
+  outgoing connection, and stays unbindable for as long as that lasts."""
+  for port in _candidates():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+      # As servers bind (portal sets it): a closed run's TIME_WAIT is free.
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        sock.bind((host, port))
+      except OSError:
+        continue
+      return sock.getsockname()[1]
+  raise OSError(f'no free port on {host}')
+
+
+def _candidates(tries=200):
+  """Ports to try: drawn from [10000, start of the ephemeral range) by the
+  OS's randomness (not `random`'s, which forked processes share), then port
+  0 (the kernel's pick) where that range leaves no room below it."""
+  low = _EPHEMERAL_DEFAULT
+  if os.path.exists(_EPHEMERAL):
+    with open(_EPHEMERAL) as f:
+      low = int(f.read().split()[0])
+  if low > 11000:
+    yield from (_RANDOM.randrange(10000, low) for _ in range(tries))
+  yield 0
+
+
+_EPHEMERAL = '/proc/sys/net/ipv4/ip_local_port_range'
+_EPHEMERAL_DEFAULT = 49152  # IANA's (macOS, Windows)
+_RANDOM = random.SystemRandom()
 
 
 def fill_auto_ports(addr):

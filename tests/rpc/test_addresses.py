@@ -1,0 +1,41 @@
+"""free_port: ports handed to servers that bind later."""
+
+import pathlib
+import socket
+
+import pytest
+
+from dreamer_ver.rpc import addresses
+from dreamer_ver.rpc.addresses import free_port
+
+RANGE = pathlib.Path('/proc/sys/net/ipv4/ip_local_port_range')
+
+
+def test_a_free_port_is_none_an_outgoing_connection_can_take():
+  """A run picks its servers' ports, then starts them: a port from the
+  kernel's ephemeral range could meanwhile become the local port of any
+  outgoing connection (one of the run's own clients), and the server could
+  not bind it for as long as that connection lasts."""
+  if not RANGE.exists():
+    pytest.skip('no Linux ephemeral port range to check against')
+  low, high = map(int, RANGE.read_text().split())
+  ports = [free_port() for _ in range(50)]
+  assert not [p for p in ports if low <= p <= high], (low, high, ports)
+  assert len(set(ports)) > 40, ports  # Drawn, not one port for everyone.
+  for port in ports[:5]:
+    with socket.socket() as sock:
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      sock.bind(('127.0.0.1', port))
+
+
+def test_a_port_something_listens_on_is_passed_over(monkeypatch):
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', free_port()))
+    taken.listen()
+    port, other = taken.getsockname()[1], free_port()
+    monkeypatch.setattr(
+        addresses, '_candidates', lambda: iter([port, port, other]))
+    assert free_port() == other
+    monkeypatch.setattr(addresses, '_candidates', lambda: iter([port]))
+    with pytest.raises(OSError, match='no free port'):
+      free_port()
