@@ -15,6 +15,8 @@ import hmac
 import os
 import selectors
 import socket as socketlib
+import sys
+import threading
 import time
 
 import numpy as np
@@ -105,7 +107,9 @@ class ServerSocket(portal.ServerSocket):
   out as `wire.Frame`s, a failed write closes its connection, and each
   connection may queue `max_send_queue` replies: a connection past that
   is closed (its client reconnects and resends its calls), the others are
-  unaffected. The loop checks the handshake deadlines every TICK seconds,
+  unaffected. Likewise upstream stops its socket thread (serving no one)
+  once `max_recv_queue` calls of all connections together wait to be taken;
+  here that limit is per connection, and a connection past it is closed. The loop checks the handshake deadlines every TICK seconds,
   so that they hold while no one else connects.
   """
 
@@ -139,11 +143,15 @@ class ServerSocket(portal.ServerSocket):
     self._problems = LogLimit(
         lambda line: super(ServerSocket, self)._log(line),
         self.LOG_BURST, self.LOG_PERIOD)
+    self.max_recv_queue = kwargs.pop('max_recv_queue', None) or (
+        portal.server_socket.Options.max_recv_queue)
+    self._received = collections.Counter()  # addr -> calls not yet taken
+    self._received_lock = threading.Lock()
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
     # portal's own handshake check is off (an empty one): `_recv` runs ours.
     super().__init__(port, name, host=host, ipv6=':' in host, handshake='',
-                     **kwargs)
+                     max_recv_queue=sys.maxsize, **kwargs)  # (Ours counts.)
 
   def _log(self, *args, **kwargs):
     message = ' '.join(map(str, args))
@@ -288,10 +296,30 @@ class ServerSocket(portal.ServerSocket):
       except OSError as e:
         self._drop(conn, e)
       return
+    with self._received_lock:
+      full = self._received[conn.addr] >= self.max_recv_queue
+    if full:
+      self._drop(conn, BufferError(
+          f'{self.max_recv_queue} calls wait to be taken; the client sends '
+          'more than it waits for'))
+      return
     try:
       super()._recv(conn)
     except AssertionError as e:
       self._drop(conn, ValueError(f'invalid frame length ({e})'))
+      return
+    if conn.recvbuf is None:  # A whole call was queued.
+      with self._received_lock:
+        self._received[conn.addr] += 1
+
+  def recv(self, timeout=None):
+    """The next call: (the connection's address, its bytes)."""
+    addr, data = super().recv(timeout)
+    with self._received_lock:
+      self._received[addr] -= 1
+      if not self._received[addr]:
+        del self._received[addr]
+    return addr, data
 
   def _handshake(self, conn):
     """Reads what the peer sent of its handshake; answers a hello, and

@@ -250,6 +250,38 @@ def test_a_client_that_never_reads_its_replies_loses_only_its_connection():
       assert closed_by_peer(sock, 10)
 
 
+def test_a_client_that_floods_calls_loses_only_its_connection():
+  # Calls received and not yet taken by the server count against their
+  # connection's limit only: before, the limit was shared, and the socket
+  # thread stopped (serving no one) once all connections together passed it.
+  from dreamer_ver.rpc import wire
+  from dreamer_ver.rpc.server_socket import ServerSocket
+  port = free_port()
+  server = ServerSocket(f'127.0.0.1:{port}', 'Slow', logging=False,
+                        max_recv_queue=16)  # Nobody takes calls meanwhile.
+  try:
+    honest = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                          threading.Event())
+    flood = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                         threading.Event())
+    with contextlib.closing(honest), contextlib.closing(flood):
+      for reqnum in range(3):
+        wire.send(honest, wire.request(reqnum, 'add', (1, 2)))
+      try:
+        for reqnum in range(40):
+          wire.send(flood, wire.request(reqnum, 'add', (1, 2)))
+      except (ConnectionResetError, BrokenPipeError):
+        pass  # Dropped already.
+      assert closed_by_peer(flood, 10)
+      assert server.error is None
+      wire.send(honest, wire.request(3, 'add', (1, 2)))
+      received = [server.recv(timeout=10) for _ in range(16 + 4)]
+      local = honest.getsockname()
+      assert sum(addr == local for addr, _ in received) == 4
+  finally:
+    server.close(timeout=5)
+
+
 def test_the_kernel_probes_every_connection_for_a_vanished_peer():
   """A peer whose host is gone sends no close; keepalive probes end its
   connection (tests/system/test_hosts.py cuts a host off for real)."""
