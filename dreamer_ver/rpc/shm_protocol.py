@@ -81,12 +81,16 @@ def endpoints(addr, handshake, make=False):
   """The socket files a server of TCP address `addr` and handshake (bytes)
   `handshake` may listen at, in the order a server picks the first and a
   client tries them: in this user's folder of sockets, then in the run's
-  own (see `socket_folders`). Only folders of this user with mode 0700,
-  made first if `make`."""
+  own (see `socket_folders`). Only folders of this user with mode 0700;
+  with `make`, the first such folder is made if none is there yet (the
+  run's own only when this user's is unusable: one per token would pile
+  up)."""
   _, port = split_addr(addr)
-  return [os.path.join(folder, f'batch-{port}.sock')
-          for folder in socket_folders(handshake)
-          if private_folder(folder, make)]
+  paths = []
+  for folder in socket_folders(handshake):
+    if private_folder(folder, make and not paths):
+      paths.append(os.path.join(folder, f'batch-{port}.sock'))
+  return paths
 
 
 def socket_folders(handshake):

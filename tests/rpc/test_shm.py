@@ -373,6 +373,19 @@ def test_a_run_starts_when_another_user_made_the_uid_named_folder(
   assert server.error is None
 
 
+def test_a_server_leaves_nothing_in_the_temporary_folder(private_tmp):
+  """Its socket file goes when it closes, and the run's own folder of
+  sockets is made only when this user's is unusable: one per token would
+  pile up (every library InferenceServer has a token of its own)."""
+  for token in ('dreamer_ver:first-token', 'dreamer_ver:second-token'):
+    with serving(Recorder(), handshake=token) as (server, addr):
+      c, connected = client(addr, handshake=token)
+      assert connected
+      c.close()
+  assert os.listdir(private_tmp) == [f'dreamer_ver-{os.getuid()}']
+  assert os.listdir(os.path.join(private_tmp, os.listdir(private_tmp)[0])) == []
+
+
 @pytest.mark.parametrize('change', ['open', 'symlink'])
 def test_socket_folders_others_can_enter_are_refused(private_tmp, change):
   token = b'dreamer_ver:run-token'
