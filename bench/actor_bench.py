@@ -823,6 +823,11 @@ def run_fleet(name, args, actors, port, transport):
   if key not in actors:
     actors[key] = make_actor(config, spec['env_extra'])
   actor, inference = actors[key]
+  server_config = config
+  if args.rtt_ms:
+    from dreamer_ver.rpc.addresses import free_port  # The envs reach the server through a delaying proxy.
+    config = configlib.override(
+        config, {'run.actor_addr': f'127.0.0.1:{free_port()}'})
   per = max(1, spec['per_worker'])
   groups = [list(range(i, min(i + per, args.envs)))
             for i in range(0, args.envs, per)]
@@ -837,7 +842,9 @@ def run_fleet(name, args, actors, port, transport):
     # TCP only.
     modes.remove('baseline')
   wals = WAL_MODES if args.wal else (None,)
-  rounds = {(mode, wal): [] for mode in modes for wal in wals}
+  rtts = args.rtt_ms or [None]
+  rounds = {(rtt, mode, wal): [] for rtt in rtts for mode in modes
+            for wal in wals}
   with tempfile.TemporaryDirectory(prefix='actor_bench_') as outdir:
     fleet = Fleet(configs, groups, outdir, spec['stall'], spec['env_extra'])
     replays = {}
@@ -856,16 +863,23 @@ def run_fleet(name, args, actors, port, transport):
       # hit every mode alike instead of one of them. The WAL variants of a
       # mode run back to back, first one and then the other in turn.
       for index in range(args.repeats):
-        for mode in modes:
-          for wal in (wals if index % 2 == 0 else wals[::-1]):
-            replay = None
-            if wal is not None:
-              proc, addr = replays[wal]
-              replay = (wal, addr, proc.pid)
-            record = run_mode(mode, fleet, spec, args, actor, config,
-                              inference, replay, learner)
-            rounds[(mode, wal)].append(record)
-            print('  ' + _row(record, partial=True), flush=True)
+        for rtt in rtts:
+          proxy = _proxy(config, server_config, rtt)
+          try:
+            for mode in modes:
+              for wal in (wals if index % 2 == 0 else wals[::-1]):
+                replay = None
+                if wal is not None:
+                  proc, addr = replays[wal]
+                  replay = (wal, addr, proc.pid)
+                record = run_mode(mode, fleet, spec, args, actor,
+                                  server_config, inference, replay, learner)
+                record['rtt_ms'] = rtt
+                rounds[(rtt, mode, wal)].append(record)
+                print('  ' + _row(record, partial=True), flush=True)
+          finally:
+            if proxy is not None:
+              proxy.close()
     finally:
       if learner is not None:
         learner.close()
@@ -881,14 +895,26 @@ def run_fleet(name, args, actors, port, transport):
   for record in records:
     record['envs_per_process'] = per
     record['transport'] = transport
-  base = next((r['sps'] for r in records if r['mode'] == 'baseline'), None)
+  bases = {r['rtt_ms']: r['sps'] for r in records if r['mode'] == 'baseline'}
   for record in records:
+    base = bases.get(record['rtt_ms'])
     record['limit_sps'] = limit
     record['ratio_limit'] = record['sps'] / limit
     record['ratio_baseline'] = record['sps'] / base if base else None
     if spec['mean_step'] is None:
       record['env_step_ms'] = 1000 * args.envs / limit
   return records
+
+
+def _proxy(config, server_config, rtt_ms):
+  """With --rtt_ms: the delay proxy from the envs' address to the server's,
+  for one round trip time."""
+  if rtt_ms is None:
+    return None
+  from delay_proxy import DelayProxy
+  port = int(str(config.run.actor_addr).rsplit(':', 1)[1])
+  host, target = str(server_config.run.actor_addr).rsplit(':', 1)
+  return DelayProxy(port, (host, int(target)), rtt_ms)
 
 
 def _combine(rounds, times, latency):
@@ -904,7 +930,7 @@ def _combine(rounds, times, latency):
   lat = latency[inside] * 1000
   record = dict(
       fleet=first['fleet'], mode=first['mode'], envs=first['envs'],
-      wal=first['wal'], sps=rows / seconds,
+      wal=first['wal'], rtt_ms=first['rtt_ms'], sps=rows / seconds,
       p50_ms=float(np.percentile(lat, 50)) if len(lat) else None,
       p99_ms=float(np.percentile(lat, 99)) if len(lat) else None,
       stalled=any(r['stalled'] for r in rounds),
@@ -950,7 +976,8 @@ HEADER = ('| fleet | mode | env steps/s | x baseline | x limit | limit | '
 def _name(r):
   """The mode, its transport, and with --wal the replay's WAL mode."""
   return (r['mode'] + (f' {r["transport"]}' if r.get('transport') else '') +
-          (f' wal {r["wal"]}' if r['wal'] else ''))
+          (f' wal {r["wal"]}' if r['wal'] else '') +
+          (f' rtt {r["rtt_ms"]:g} ms' if r.get('rtt_ms') is not None else ''))
 
 
 def _row(r, partial=False):
@@ -982,6 +1009,23 @@ def table(records):
         'against the fast fleet\'s baseline.')
   if notes:
     lines += [''] + notes
+  return '\n'.join(lines)
+
+
+def latency_table(records):
+  """--rtt_ms: env steps/s against the round trip between the env processes
+  and the server, per fleet (envs per process) and mode."""
+  lines = ['| fleet | envs per process | mode | round trip ms | env steps/s '
+           '| x no delay | p50 ms | batch |', '|' + ' --- |' * 8]
+  zero = {(r['fleet'], r['mode']): r['sps'] for r in records
+          if r['rtt_ms'] == 0}
+  for r in records:
+    base = zero.get((r['fleet'], r['mode']))
+    lines.append(
+        f'| {r["fleet"]} | {r["envs_per_process"]} | {r["mode"]} | '
+        f'{r["rtt_ms"]:g} | {r["sps"]:.0f} | '
+        f'{_fmt(r["sps"] / base if base else None, 2)} | {_fmt(r["p50_ms"])} '
+        f'| {r["batch_mean"]:.1f} |')
   return '\n'.join(lines)
 
 
@@ -1110,6 +1154,11 @@ def parse_args(argv=None):
   parser.add_argument('--learner', action='store_true',
                       help='a learner thread trains beside the actor on the '
                       'same device through every window (see above)')
+  parser.add_argument('--rtt_ms', nargs='+', type=float, default=None,
+                      help='the envs reach the server through a proxy that '
+                      'adds each of these round trips (bench/delay_proxy.py;'
+                      ' 0: the proxy alone), in turn on the same fleet; tcp '
+                      'only')
   parser.add_argument('--out', default=None, help='write the records as JSON')
   parser.add_argument('--plot', default=None, help='write a PNG bar chart')
   args = parser.parse_args(argv)
@@ -1124,6 +1173,8 @@ def parse_args(argv=None):
     args.warmup = 1.0 if quick else 2.0
   if args.envs < 2:
     parser.error('--envs must be >= 2')
+  if args.rtt_ms and args.transports != ['tcp']:
+    parser.error('--rtt_ms delays TCP only: pass --transports tcp')
   if args.repeats < 1 or args.seconds <= 0 or args.warmup < 0:
     parser.error('need --repeats >= 1, --seconds > 0 and --warmup >= 0')
   # The baseline first, as the ratios refer to it.
@@ -1175,11 +1226,13 @@ def main(argv=None):
       print(f'  ({time.monotonic() - began:.0f} s)', flush=True)
   # Rows without a baseline of their own (shm; fast_multi, see run_fleet)
   # compare with the tcp baseline of the same env, one env per process.
-  baselines = {r['fleet']: r['sps'] for r in records if r['mode'] == 'baseline'}
+  baselines = {(r['fleet'], r['rtt_ms']): r['sps'] for r in records
+               if r['mode'] == 'baseline'}
   for record in records:
     of = 'fast' if record['fleet'] == 'fast_multi' else record['fleet']
-    if record['ratio_baseline'] is None and baselines.get(of):
-      record['ratio_baseline'] = record['sps'] / baselines[of]
+    base = baselines.get((of, record['rtt_ms']))
+    if record['ratio_baseline'] is None and base:
+      record['ratio_baseline'] = record['sps'] / base
       record['baseline_of'] = f'{of} over tcp'
   print()
   print(table(records))
@@ -1189,6 +1242,9 @@ def main(argv=None):
   if args.learner:
     print()
     print(learner_table(records))
+  if args.rtt_ms:
+    print()
+    print(latency_table(records))
   print(f'\n{time.monotonic() - start:.0f} s in all.')
   if args.out:
     with open(args.out, 'w') as f:

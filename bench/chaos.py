@@ -91,16 +91,34 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--startup', type=float, default=600.0,
                       help='seconds to wait for the first env step')
-  parser.add_argument('--faults', nargs='+', default=list(FAULTS),
-                      choices=FAULTS)
+  parser.add_argument('--faults', nargs='+', default=None,
+                      help=f'of {" ".join(FAULTS)} (all); with --hosts of '
+                      'kill stop partition oneway vanish (all)')
   parser.add_argument('--stop_for', type=float, nargs=2, default=(30, 120))
   parser.add_argument('--peer_timeout', type=float, default=60.0)
+  parser.add_argument('--hosts', action='store_true',
+                      help='a split launch across network namespaces, with '
+                      'partitions, one-way loss and vanishing hosts '
+                      '(bench/chaos_hosts.py; root and iproute2); its '
+                      'faults are kill stop partition oneway vanish')
   args = parser.parse_args()
+  if args.hosts:
+    import chaos_hosts
+  known = chaos_hosts.HOST_FAULTS if args.hosts else FAULTS
+  args.faults = args.faults or list(known)
+  if set(args.faults) - set(known):
+    parser.error(f'--faults: choose from {" ".join(known)}')
   logdir = Path(args.logdir or tempfile.mkdtemp(prefix='chaos_'))
-  report = chaos(logdir, args.minutes, args.kill_every, args.envs,
-                 args.length, args.step_time, args.seed, args.startup,
-                 args.faults, args.stop_for, args.peer_timeout)
-  print(format_report(report), flush=True)
+  if args.hosts:
+    report = chaos_hosts.chaos_hosts(
+        logdir, args.minutes, args.kill_every, args.envs, args.length,
+        args.step_time, args.seed, args.startup, args.faults, args.stop_for)
+    print(chaos_hosts.format_report(report), flush=True)
+  else:
+    report = chaos(logdir, args.minutes, args.kill_every, args.envs,
+                   args.length, args.step_time, args.seed, args.startup,
+                   args.faults, args.stop_for, args.peer_timeout)
+    print(format_report(report), flush=True)
   if args.out:
     Path(args.out).write_text(json.dumps(report, indent=2) + '\n')
   return 0 if report['ok'] else 1

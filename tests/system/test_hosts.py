@@ -1,7 +1,7 @@
 """A split launch across hosts, and the network between them failing.
 
 The hosts are network namespaces on this machine joined by a bridge
-(`helpers/netns.py`): the servers (replay, logger), the agent, two env
+(`bench/netns.py`): the servers (replay, logger), the agent, two env
 hosts with two envs each, and a spare. Every fault but the last is healed
 after 30 s:
 
@@ -23,88 +23,28 @@ skipped with the reason elsewhere.
 """
 
 import collections
-import json
 import os
 import re
-import secrets
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from helpers import ROOT
-from helpers.netns import Hosts, unavailable
 sys.path.insert(0, str(ROOT / 'bench'))
 import watch  # noqa: E402  (bench/watch.py)
 from chaos import check_rows  # noqa: E402  (bench/chaos.py)
+from chaos_hosts import CUT, Run, run_flags  # noqa: E402
+from netns import Hosts, unavailable  # noqa: E402  (bench/netns.py)
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=str(WHY))
 
 LENGTH = 50
-# The default: a link silent through a 30 s cut answers again within it
-# (TCP's resends back off: up to about 55 s here).
-PEER_TIMEOUT = 120
-CUT = 30  # seconds each fault lasts
-FLAGS = {'configs': 'debug', 'task': 'synthetic_tagged', 'run.envs': 4,
-         'run.eval_envs': 0, 'env.synthetic.length': LENGTH,
-         'env.synthetic.step_time': 0.01, 'agent.opt.lr': 0,
-         'replay_context': 0, 'replay.size': '1e7', 'run.steps': '1e9',
-         'run.log_every': 2, 'run.save_every': 10,
-         'run.peer_timeout': PEER_TIMEOUT}
+FLAGS = run_flags(envs=4, length=LENGTH)
 FLEETS = {'envs_a': (0, 1), 'envs_b': (2, 3)}
 HOSTS = ['servers', 'agent', *FLEETS, 'spare']
-
-
-class Run:
-  """The components of one run on `hosts`, each a process group whose
-  output goes to `logdir/../<name>.log`."""
-
-  def __init__(self, hosts, logdir):
-    self.hosts, self.logdir = hosts, logdir
-    addr = hosts.addr
-    self.flags = {**FLAGS, 'logdir': str(logdir),
-                  'run.replay_addr': f"{addr['servers']}:7001",
-                  'run.logger_addr': f"{addr['servers']}:7002",
-                  'run.actor_addr': f"{addr['agent']}:7003"}
-    self.env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
-                'PYTHONUNBUFFERED': '1',
-                'DREAMER_VER_TOKEN': secrets.token_hex(16)}
-    self.procs = {}
-
-  def start(self, name, host, script, **flags):
-    argv = [sys.executable, '-m', 'dreamer_ver.main', '--script', script]
-    for key, value in {**self.flags, **flags}.items():
-      argv += [f'--{key}', str(value)]
-    log = open(self.logdir.parent / f'{name}.log', 'a')
-    self.procs[name] = self.hosts.popen(
-        host, argv, cwd=ROOT, env=self.env, stdout=log,
-        stderr=subprocess.STDOUT)
-    log.close()
-
-  def start_fleet(self, host, envs):
-    self.start(host, host, 'parallel_envs', **{
-        'run.envs': len(envs), 'run.envid_offset': envs[0]})
-
-  def stop(self, name, timeout=60):
-    """SIGTERM to the component, as its operator would; its exit code."""
-    proc = self.procs[name]
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=timeout)
-
-  def output(self, name):
-    return (self.logdir.parent / f'{name}.log').read_text(errors='replace')
-
-  def episodes(self, envs, since):
-    """Episodes of `envs` the logger wrote since the time `since`."""
-    path = self.logdir / 'scores.jsonl'
-    if not path.exists():
-      return 0
-    lines = [json.loads(line) for line in path.read_text().splitlines()
-             if line.strip()]
-    return sum(1 for s in lines if s['env'] in envs and s['time'] >= since)
 
 
 def _goes_on(run, envs, timeout):
@@ -116,11 +56,8 @@ def _goes_on(run, envs, timeout):
 def test_partitions_one_way_loss_and_a_vanished_host(tmp_path):
   logdir = tmp_path / 'run'
   with Hosts(HOSTS) as hosts:
-    run = Run(hosts, logdir)
-    run.start('logger', 'servers', 'parallel_logger')
-    run.start('replay', 'servers', 'parallel_replay')
-    run.start('agent', 'agent', 'parallel_agent', **{
-        'run.remote_envs': True, 'run.remote_replay': True})
+    run = Run(hosts, logdir, FLAGS)
+    run.start_servers_and_agent()
     for host, envs in FLEETS.items():
       run.start_fleet(host, envs)
     assert watch.wait(lambda: run.episodes(range(4), 0) >= 8, 300), (

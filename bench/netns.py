@@ -1,6 +1,7 @@
-"""Hosts on one machine: network namespaces joined by a bridge, for the
-system tier's faults between hosts (partitions, one-way loss, a host that
-vanishes). They need root and iproute2; `unavailable()` says why not.
+"""Hosts on one machine: network namespaces joined by a bridge, for faults
+between hosts (partitions, one-way loss, a host that vanishes) in the
+system tier and the multi-host chaos soak. They need root and iproute2;
+`unavailable()` says why not.
 
   with Hosts(['servers', 'agent', 'envs']) as hosts:
     hosts.addr['agent']                  # '10.213.0.2'
