@@ -111,7 +111,8 @@ def measure_stages(actor, repeats):
       for size in actor.buckets:
         requests = [Request(conn=i, reqnum=0, data=data, arrival=0.0,
                             envid=i)
-                    for i, data in enumerate(zero_requests(actor, size))]
+                    for i, data in enumerate(
+                        actor_bench.zero_requests(actor, size))]
         samples = {name: [] for name in (*STAGES, 'handle')}
         for index in range(repeats + 2):  # Two warm-up calls.
           spent.clear()
