@@ -15,7 +15,6 @@ into its stages by timing the real functions it calls, wrapped in place:
 
   admit     checking each request and looking up its carry slot
   stack     copying the rows into the padded batch (`stack_rows`)
-  prng      the batch's key (`jax.random.fold_in`, a dispatch of its own)
   dispatch  the jitted step's call until it returns (flattening the params
             tree, copying the host arrays in, enqueueing)
   device    from there until its outputs are ready
@@ -60,7 +59,7 @@ def measure(actor, repeats):
     for _ in range(repeats):
       start = time.perf_counter()
       jax.block_until_ready(
-          actor.forward(lane, params, slots, obs, actor.key))
+          actor.forward(lane, params, slots, obs))
       forward.append(time.perf_counter() - start)
     obs_bytes = sum(v.nbytes for v in jax.tree.leaves(obs))
     step_ms, forward_ms = 1000 * np.median(step), 1000 * np.median(forward)
@@ -70,7 +69,7 @@ def measure(actor, repeats):
   return rows
 
 
-STAGES = ('admit', 'stack', 'prng', 'dispatch', 'device', 'fetch', 'rest')
+STAGES = ('admit', 'stack', 'dispatch', 'device', 'fetch', 'rest')
 
 
 def measure_stages(actor, repeats):
@@ -95,15 +94,13 @@ def measure_stages(actor, repeats):
     return wrapped
 
   originals = (actor_module.admit, batched_policy.stack_rows,
-               batched_policy.jax.random.fold_in, batched_policy.jax.device_get,
-               policy.forward, policy._step)
+               batched_policy.jax.device_get, policy.forward, policy._step)
   real_step = policy._step
   null_step = _null_step(policy)
   rows = []
   try:
     actor_module.admit = timed('admit', actor_module.admit)
     batched_policy.stack_rows = timed('stack', batched_policy.stack_rows)
-    batched_policy.jax.random.fold_in = timed('prng', jax.random.fold_in)
     batched_policy.jax.device_get = timed('fetch', jax.device_get)
     policy.forward = timed('dispatch', policy.forward, block=True)
     for label, step in (('policy', real_step), ('null', null_step)):
@@ -130,8 +127,7 @@ def measure_stages(actor, repeats):
             for name, values in samples.items()}))
   finally:
     (actor_module.admit, batched_policy.stack_rows,
-     batched_policy.jax.random.fold_in, batched_policy.jax.device_get,
-     policy.forward, policy._step) = originals
+     batched_policy.jax.device_get, policy.forward, policy._step) = originals
   return rows
 
 
@@ -140,8 +136,8 @@ def _null_step(policy):
   table as it is and zeros shaped like the real outputs."""
   spec = policy.out_spec
 
-  def step(table, slots, params, obs, key):
-    del params, obs, key
+  def step(table, slots, params, obs, key, number):
+    del params, obs, key, number
     return table, {k: jnp.zeros((slots.shape[0], *shape), dtype)
                    for k, (shape, dtype) in spec.items() if k != 'version'}
   null = jax.jit(step, donate_argnums=(0,))
@@ -151,7 +147,7 @@ def _null_step(policy):
              for k, s in policy.spec.items()}
       slots = np.full((size,), lane.padding, np.int32)
       lane.table, out = null(lane.table, slots, policy._params(lane)[0], obs,
-                             policy.key)
+                             policy.key, np.uint32(0))
       jax.block_until_ready(out)
   return null
 

@@ -105,10 +105,10 @@ class Actor:
       lags, self._lags = self._lags, []
     return lags
 
-  def forward(self, lane, params, slots, obs, key):
+  def forward(self, lane, params, slots, obs, number=0):
     """The jitted step alone (`BatchedPolicy.forward`): actions and outputs
     in one dict, on the device."""
-    return self.policy.forward(lane, params, slots, obs, key)
+    return self.policy.forward(lane, params, slots, obs, number)
 
   def max_request_bytes(self, margin=1 << 20):
     """The largest legal request: two observations plus a margin for the

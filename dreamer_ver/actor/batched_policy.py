@@ -7,7 +7,9 @@ path, which the DreamerV3 actor (`actor.py`) runs too.
 
 `fn` takes and returns batches; its arguments depend on what the policy
 keeps, in this order: `params` (when given), the carries (when `carry` is
-given), `obs`, and a PRNG key (`keyed=True`, a new key per batch):
+given), `obs`, and a PRNG key (`keyed=True`, a new key per batch, folded
+from the batch's number inside the jitted step: on the host it would be a
+dispatch of its own, a third of a small batch's host time on a CPU):
 
   fn(obs) -> out                         fn(carry, obs) -> (carry, out)
   fn(params, obs) -> out                 fn(params, carry, obs) -> (carry, out)
@@ -108,8 +110,7 @@ class BatchedPolicy:
         slots = np.full((size,), lane.padding, np.int32)
         for _ in range(2):  # The second call measures the compiled step.
           start = time.perf_counter()
-          jax.block_until_ready(self.forward(lane, params, slots, obs,
-                                             self.key))
+          jax.block_until_ready(self.forward(lane, params, slots, obs))
           times[-1][size] = time.perf_counter() - start
     return times
 
@@ -141,23 +142,24 @@ class BatchedPolicy:
       if self.carries:
         slots[:n] = [lane.slot(int(d['envid'])) for d in datas]
       params, version = self._params(lane)
-      key = jax.random.fold_in(self.key, next(self._batch_numbers))
-      out = self.forward(lane, params, slots, obs, key)
+      number = next(self._batch_numbers) % 2 ** 32
+      out = self.forward(lane, params, slots, obs, number)
     out = jax.device_get(out)
     return ({k: v[:n] for k, v in obs.items()},
             {k: v[:n] for k, v in out.items()}, version)
 
-  def forward(self, lane, params, slots, obs, key):
+  def forward(self, lane, params, slots, obs, number=0):
     """The jitted step alone: gathers the carries at `slots` of the lane's
-    table, runs the policy and scatters the new carries back. Returns `out`
-    on the device; the caller holds `lane.lock` if other threads serve the
-    lane."""
+    table, runs the policy (keyed by batch `number`) and scatters the new
+    carries back. Returns `out` on the device; the caller holds `lane.lock`
+    if other threads serve the lane."""
     if lane.device is not None and self.store is None and not self.carries:
       # Else the lane's committed params and carries pin the step to its
       # device, and jit copies the host's arrays there itself: a device_put
       # of the obs first costs more than the step on a CPU (bench/README.md).
       obs = jax.device_put(obs, lane.device)
-    lane.table, out = self._step(lane.table, slots, params, obs, key)
+    lane.table, out = self._step(
+        lane.table, slots, params, obs, self.key, np.uint32(number))
     return out
 
   @property
@@ -170,7 +172,8 @@ class BatchedPolicy:
              for k, s in self.spec.items()}
       slots = jax.ShapeDtypeStruct((1,), np.int32)
       _, out = jax.eval_shape(self._step, lane.table, slots,
-                              self._params(lane)[0], obs, self.key)
+                              self._params(lane)[0], obs, self.key,
+                              np.uint32(0))
       if not isinstance(out, dict):
         raise TypeError(
             f'the policy must return a dict of arrays, got {out}')
@@ -187,11 +190,12 @@ class BatchedPolicy:
 
 
 def _normalized(fn, params, carries, keyed):
-  """`fn` as step(carry, params, obs, key) -> (carry, out), whatever of
-  those it takes (the module docstring's order)."""
-  def step(carry, weights, obs, key):
+  """`fn` as step(carry, params, obs, key, number) -> (carry, out), whatever
+  of those it takes (the module docstring's order); the batch's key is
+  `key` folded with `number`."""
+  def step(carry, weights, obs, key, number):
     args = ((weights,) if params else ()) + ((carry,) if carries else ()) + (
-        obs,) + ((key,) if keyed else ())
+        obs,) + ((jax.random.fold_in(key, number),) if keyed else ())
     result = fn(*args)
     return tuple(result) if carries else (carry, result)
   return step
