@@ -70,19 +70,27 @@ def handshake(token):
 
 
 def free_port(host='127.0.0.1'):
-  """A port nothing on `host` holds now, for a server that binds it later.
-  Drawn below the kernel's ephemeral range: a port from that range (what
-  binding port 0 returns) may meanwhile become the local port of any
-  outgoing connection, and stays unbindable for as long as that lasts."""
+  """A port nothing on `host` holds now, for a server that binds it later
+  (see `reserve_port` for one held until then)."""
+  with reserve_port(host) as sock:
+    return sock.getsockname()[1]
+
+
+def reserve_port(host='127.0.0.1'):
+  """A socket bound to a free port of `host` and not listening: while it
+  is open, no outgoing connection, plain bind or other run's pick takes
+  the port, and a server binds it as portal's do (SO_REUSEADDR), also
+  again after a restart. Drawn below the kernel's ephemeral range, where
+  outgoing connections never take ports at all."""
   for port in _candidates():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-      # As servers bind (portal sets it): a closed run's TIME_WAIT is free.
-      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      try:
-        sock.bind((host, port))
-      except OSError:
-        continue
-      return sock.getsockname()[1]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+      sock.bind((host, port))  # Plain: held by no one, not even TIME_WAIT.
+    except OSError:
+      sock.close()
+      continue
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
   raise OSError(f'no free port on {host}')
 
 
@@ -104,6 +112,12 @@ _EPHEMERAL_DEFAULT = 49152  # IANA's (macOS, Windows)
 _RANDOM = random.SystemRandom()
 
 
-def fill_auto_ports(addr):
-  """'localhost:{auto}' -> 'localhost:<free port>'."""
-  return addr.replace('{auto}', str(free_port())) if '{auto}' in addr else addr
+def fill_auto_ports(addr, held):
+  """'host:{auto}' -> 'host:<free port>', the port held by a socket
+  entered into `held` (a contextlib.ExitStack) until it closes; other
+  addresses as they are."""
+  if '{auto}' not in addr:
+    return addr
+  host = addr.rsplit(':', 1)[0].strip('[]') or 'localhost'
+  sock = held.enter_context(reserve_port(bind_host(f'{host}:0')))
+  return addr.replace('{auto}', str(sock.getsockname()[1]))

@@ -20,6 +20,7 @@ module only wires processes; what runs in each is in `runtime/`, and the
 processes that start them never load JAX.
 """
 
+import contextlib
 import time
 
 from dreamer_ver.cluster.signals import StopSignal
@@ -39,19 +40,20 @@ def parallel(config):
   Returns 0 once the agent finished (or on SIGINT/SIGTERM); ends with the
   run's summary."""
   began = time.monotonic()
-  config = with_token(_with_ports(config))
-  run = config.run
-  stop = StopSignal()
-  children = _children(config)
-  children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST,
-                 probe=run.logger_addr)
-  if not run.remote_replay:
-    children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST,
-                   probe=run.replay_addr)
-  if not run.remote_envs:
-    _start_env_workers(children, config, offset=0)
-  children.start('agent', AGENT, config, probe=run.actor_addr)
-  code = _wait(children, 'agent', stop)
+  with contextlib.ExitStack() as ports:  # Held for the servers till the end.
+    config = with_token(_with_ports(config, ports))
+    run = config.run
+    stop = StopSignal()
+    children = _children(config)
+    children.start('logger', LOGGER, config, stop_order=SERVERS_STOP_LAST,
+                   probe=run.logger_addr)
+    if not run.remote_replay:
+      children.start('replay', REPLAY, config, stop_order=SERVERS_STOP_LAST,
+                     probe=run.replay_addr)
+    if not run.remote_envs:
+      _start_env_workers(children, config, offset=0)
+    children.start('agent', AGENT, config, probe=run.actor_addr)
+    code = _wait(children, 'agent', stop)
   print(summary(config.logdir, time.monotonic() - began), flush=True)
   return code
 
@@ -120,12 +122,15 @@ def _wait(children, name, stop):
     children.stop_all()
 
 
-def _with_ports(config):
+def _with_ports(config, held):
+  """The config with its `{auto}` ports chosen, each held by a socket in
+  `held` until the run ends, so that the servers (and their restarts)
+  find them free."""
   run = config.run
   return config.update({
-      'run.actor_addr': fill_auto_ports(run.actor_addr),
-      'run.replay_addr': fill_auto_ports(run.replay_addr),
-      'run.logger_addr': fill_auto_ports(run.logger_addr)})
+      'run.actor_addr': fill_auto_ports(run.actor_addr, held),
+      'run.replay_addr': fill_auto_ports(run.replay_addr, held),
+      'run.logger_addr': fill_auto_ports(run.logger_addr, held)})
 
 
 def _start_env_workers(children, config, offset):

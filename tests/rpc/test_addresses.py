@@ -1,12 +1,13 @@
 """free_port: ports handed to servers that bind later."""
 
+import contextlib
 import pathlib
 import socket
 
 import pytest
 
 from dreamer_ver.rpc import addresses
-from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.addresses import fill_auto_ports, free_port, split_addr
 
 RANGE = pathlib.Path('/proc/sys/net/ipv4/ip_local_port_range')
 
@@ -39,3 +40,25 @@ def test_a_port_something_listens_on_is_passed_over(monkeypatch):
     monkeypatch.setattr(addresses, '_candidates', lambda: iter([port]))
     with pytest.raises(OSError, match='no free port'):
       free_port()
+
+
+def test_an_auto_port_is_held_for_its_server_until_released():
+  """What a run publishes is reserved before any server binds it: an
+  outgoing connection, another bind or another run's pick cannot take it
+  meanwhile (or while its server restarts); its server binds it as portal's
+  servers do (SO_REUSEADDR)."""
+  held = contextlib.ExitStack()
+  with held:
+    addr = fill_auto_ports('localhost:{auto}', held)
+    host, port = split_addr(addr)
+    assert host == 'localhost'
+    with socket.socket() as other, pytest.raises(OSError):
+      other.bind(('127.0.0.1', port))
+    for _ in range(2):  # A server, then its restart.
+      with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(('127.0.0.1', port))
+        server.listen()
+  with socket.socket() as other:  # Released with the run.
+    other.bind(('127.0.0.1', port))
+  assert fill_auto_ports('10.0.0.5:7001', held) == '10.0.0.5:7001'
