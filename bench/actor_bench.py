@@ -824,8 +824,8 @@ def run_fleet(name, args, actors, port, transport):
     actors[key] = make_actor(config, spec['env_extra'])
   actor, inference = actors[key]
   server_config = config
-  if args.rtt_ms:
-    from dreamer_ver.rpc.addresses import free_port  # The envs reach the server through a delaying proxy.
+  if args.rtt_ms:  # The envs reach the server through a delaying proxy.
+    from dreamer_ver.rpc.addresses import free_port
     config = configlib.override(
         config, {'run.actor_addr': f'127.0.0.1:{free_port()}'})
   per = max(1, spec['per_worker'])

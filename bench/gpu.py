@@ -23,7 +23,8 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
             script (`--upstream`): dmc_walker_walk, 16 envs, 3.5 minutes
             each (`e2e.py`)
   overhead  per-batch host overhead of the actor against the bare jitted
-            step at each padded bucket (`overhead_bench.py`)
+            step at each padded bucket, and its stages with the real and a
+            null policy (`overhead_bench.py`, `--stages`)
   actor     the actor bench's `fast` fleet (dm_control cartpole, about
             0.2 ms a step, so the runtime's own cost shows) at 16, 64 and
             256 envs, tcp and shm, portal's fixed batch vs `ver` and
@@ -115,10 +116,13 @@ def stage_commands(stage, args, out):
                    path], 150) for i, path in enumerate(TESTS)]
   if stage == 'overhead':
     sizes = ['size1m'] if smoke else ['size1m', 'size12m']
-    return [(py + [str(BENCH / 'overhead_bench.py'), '--sizes', *sizes,
+    common = py + [str(BENCH / 'overhead_bench.py'), '--sizes', *sizes,
                    '--envs', '4' if smoke else '256',
-                   '--repeats', '3' if smoke else '30',
-                   '--out', str(out / 'overhead.json')], 120 if smoke else 200)]
+                   '--repeats', '3' if smoke else '30']
+    return [(common + ['--out', str(out / 'overhead.json')],
+             120 if smoke else 200),
+            (common + ['--stages', '--out', str(out / 'overhead_stages.json')],
+             120 if smoke else 200)]
   if stage == 'actor':
     commands = []
     for envs in ([2] if smoke else ACTOR_ENVS):
@@ -254,6 +258,10 @@ def collect(stage, args, out):
     return rows
   if stage == 'learning':
     return learning_scores(args)
+  if stage == 'overhead':
+    return {name: json.loads(path.read_text()) if path.exists() else []
+            for name, path in (('host', out / 'overhead.json'),
+                               ('stages', out / 'overhead_stages.json'))}
   if stage == 'learner':
     runs = {}
     for path in sorted(out.glob('learner_*.json')):
@@ -314,7 +322,13 @@ def section(stage, res):
     rows = ['| size | bucket | actor.step ms | jitted step ms | host ms |',
             '| --- | ---: | ---: | ---: | ---: |']
     rows += [f"| {r['size']} | {r['bucket']} | {r['step_ms']:.3f} | "
-             f"{r['forward_ms']:.3f} | {r['host_ms']:.3f} |" for r in res]
+             f"{r['forward_ms']:.3f} | {r['host_ms']:.3f} |"
+             for r in res['host']]
+    import overhead_bench  # (bench/; it loads JAX, which the report needs not)
+    for size in sorted({r['size'] for r in res['stages']}):
+      rows += ['', f'Actor.handle by stage, microseconds ({size}):', '',
+               overhead_bench.stages_table(
+                   [r for r in res['stages'] if r['size'] == size])]
     return rows
   if stage == 'actor':
     rows = ['| envs | transport | mode | env steps/s | x baseline | p50 ms | '

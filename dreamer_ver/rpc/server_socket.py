@@ -109,8 +109,9 @@ class ServerSocket(portal.ServerSocket):
   is closed (its client reconnects and resends its calls), the others are
   unaffected. Likewise upstream stops its socket thread (serving no one)
   once `max_recv_queue` calls of all connections together wait to be taken;
-  here that limit is per connection, and a connection past it is closed. The loop checks the handshake deadlines every TICK seconds,
-  so that they hold while no one else connects.
+  here that limit is per connection, and a connection past it is closed.
+  The loop checks the handshake deadlines every TICK seconds, so that they
+  hold while no one else connects.
   """
 
   HANDSHAKE_SECONDS = 10.0

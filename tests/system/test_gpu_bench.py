@@ -54,8 +54,12 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
   assert entry['ours']['env_steps_per_s'] == run['env_steps_per_s']
   assert run['env_steps_per_s'] == pytest.approx(
       run['env_steps'] / run['seconds'], rel=1e-2)
-  buckets = [r['bucket'] for r in records['overhead']['results']]
-  assert buckets == [1, 2, 4]
+  overhead = records['overhead']['results']
+  assert [r['bucket'] for r in overhead['host']] == [1, 2, 4]
+  stages = {(r['policy'], r['bucket']): r for r in overhead['stages']}
+  assert sorted(stages) == [(p, b) for p in ('null', 'policy')
+                            for b in (1, 2, 4)]
+  assert all(r['handle_us'] > r['admit_us'] > 0 for r in stages.values())
   actor = records['actor']['results']
   assert {(r['transport'], r['mode']) for r in actor} == {
       ('tcp', 'baseline'), ('tcp', 'ver'), ('tcp', 'preempt'),
