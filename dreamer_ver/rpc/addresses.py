@@ -82,8 +82,9 @@ def reserve_port(host='127.0.0.1'):
   the port, and a server binds it as portal's do (SO_REUSEADDR), also
   again after a restart. Drawn below the kernel's ephemeral range, where
   outgoing connections never take ports at all."""
+  family = socket.AF_INET6 if ':' in host else socket.AF_INET
   for port in _candidates():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
       sock.bind((host, port))  # Plain: held by no one, not even TIME_WAIT.
     except OSError:

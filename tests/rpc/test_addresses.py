@@ -62,3 +62,16 @@ def test_an_auto_port_is_held_for_its_server_until_released():
   with socket.socket() as other:  # Released with the run.
     other.bind(('127.0.0.1', port))
   assert fill_auto_ports('10.0.0.5:7001', held) == '10.0.0.5:7001'
+
+
+def test_an_ipv6_auto_port_is_held_on_ipv6():
+  try:
+    with socket.socket(socket.AF_INET6) as probe:
+      probe.bind(('::1', 0))
+  except OSError as e:
+    pytest.skip(f'no IPv6 loopback here: {e}')
+  with contextlib.ExitStack() as held:
+    addr = fill_auto_ports('[::1]:{auto}', held)
+    _, port = split_addr(addr)
+    with socket.socket(socket.AF_INET6) as other, pytest.raises(OSError):
+      other.bind(('::1', port))
