@@ -66,7 +66,9 @@ With `--learner` a learner thread trains the same agent beside the actor,
 in the same process and on the same device (zero batches of the replay's
 shapes, publishing its params to the actor after each update, as
 `--script parallel` does on one device), through every mode's warm-up and
-window. Its updates per second are reported as `learner_ups`; with
+window. Its updates per second are reported as `learner_ups`, beside
+`learner_alone_ups`, measured before the fleet starts (the learner alone in
+the process: what it keeps beside the actor is against that); with
 `preempt` it reports each update's device time to the cutoff (VER's
 learner time, LT). The baseline's batcher process is left out of the CPU
 comparison by nothing: the learner's cores are counted in `cpu_server`.
@@ -643,6 +645,15 @@ class LearnerLoad:
     while not self.stopped.is_set():
       self._heard(self._update())
 
+  def alone(self, warmup, seconds):
+    """Updates/s with nothing else served in this process (before the
+    fleet starts): what the learner keeps beside the actor is against
+    this."""
+    time.sleep(warmup)
+    before, start = self.updates, time.monotonic()
+    time.sleep(seconds)
+    return (self.updates - before) / (time.monotonic() - start)
+
   def close(self):
     self.stopped.set()
     self.thread.join(timeout=60)
@@ -849,9 +860,12 @@ def run_fleet(name, args, actors, port, transport):
     fleet = Fleet(configs, groups, outdir, spec['stall'], spec['env_extra'])
     replays = {}
     learner = None
+    alone = None
     try:
       if args.learner:
         learner = LearnerLoad(actor, config)
+        alone = learner.alone(args.warmup, args.seconds)
+        print(f'  learner alone: {alone:.2f} updates/s', flush=True)
       if args.wal:
         replays = start_replays(config, outdir)
       began = time.monotonic()
@@ -895,6 +909,8 @@ def run_fleet(name, args, actors, port, transport):
   for record in records:
     record['envs_per_process'] = per
     record['transport'] = transport
+    if alone is not None:
+      record['learner_alone_ups'] = alone
   bases = {r['rtt_ms']: r['sps'] for r in records if r['mode'] == 'baseline'}
   for record in records:
     base = bases.get(record['rtt_ms'])
@@ -1033,8 +1049,9 @@ def learner_table(records):
   """--learner: env steps/s and learner updates/s of every mode, against
   `ver` (the default) on the same fleet, with preempt's VER report."""
   lines = ['| fleet | mode | env steps/s | x ver | learner updates/s | x ver '
-           '| batch | expected batch | learner ms per batch |',
-           '|' + ' --- |' * 9]
+           '| x learner alone | batch | expected batch '
+           '| learner ms per batch |',
+           '|' + ' --- |' * 10]
   ver = {(r['fleet'], r['transport']): r for r in records
          if r['mode'] == 'ver'}
   for r in records:
@@ -1044,6 +1061,7 @@ def learner_table(records):
     lines.append(
         f'| {r["fleet"]} | {_name(r)} | {r["sps"]:.0f} | {ratio("sps")} | '
         f'{r["learner_ups"]:.2f} | {ratio("learner_ups")} | '
+        f'{_fmt(r["learner_ups"] / r["learner_alone_ups"], 2)} | '
         f'{r["batch_mean"]:.1f} | {_fmt(r.get("expected_batch"))} | '
         f'{_fmt(r.get("learner_ms_per_batch"))} |')
   return '\n'.join(lines)
