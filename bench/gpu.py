@@ -29,6 +29,10 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
             0.2 ms a step, so the runtime's own cost shows) at 16, 64 and
             256 envs, tcp and shm, portal's fixed batch vs `ver` and
             `preempt` (`actor_bench.py`)
+  shared    a learner thread training beside the actor in its process,
+            the actor serving 16 and 64 fast envs over tcp with `ver`:
+            the learner's updates/s against its own alone
+            (`actor_bench.py --learner`)
   tests     the GPU-relevant tests with JAX's default backend (the GPU),
             one pytest per file so that a slow file keeps the others'
             reports: agent, data-parallel, devices, recompile
@@ -59,12 +63,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BENCH = ROOT / 'bench'
-STAGES = ('stack', 'learner', 'e2e', 'overhead', 'actor', 'tests',
-          'learning')
+STAGES = ('stack', 'learner', 'e2e', 'overhead', 'actor', 'shared',
+          'tests', 'learning')
 TESTS = ('tests/agent/test_agent.py', 'tests/agent/test_agent_upstream.py',
          'tests/system/test_data_parallel.py', 'tests/actor/test_recompile.py',
          'tests/cluster/test_devices.py')
 ACTOR_ENVS = (16, 64, 256)
+SHARED_ENVS = (16, 64)
 LEARNER_VARIANTS = ('unroll4', 'unroll16', 'fuse8', 'unroll16-fuse8')
 # XLA:GPU options that may cut the gaps between the update's many small
 # kernels, each run as its own learner_bench process: command buffers (CUDA
@@ -123,16 +128,23 @@ def stage_commands(stage, args, out):
              120 if smoke else 200),
             (common + ['--stages', '--out', str(out / 'overhead_stages.json')],
              120 if smoke else 200)]
-  if stage == 'actor':
+  if stage in ('actor', 'shared'):
     commands = []
-    for envs in ([2] if smoke else ACTOR_ENVS):
+    envs_list = [2] if smoke else (
+        args.actor_envs or (ACTOR_ENVS if stage == 'actor' else SHARED_ENVS))
+    modes, transports = (['baseline', 'ver', 'preempt'], ['tcp', 'shm'])
+    if stage == 'shared':
+      modes, transports = ['ver'], ['tcp']
+    for envs in envs_list:
       commands.append((py + [
           str(BENCH / 'actor_bench.py'), '--fleets', 'fast',
-          '--modes', 'baseline', 'ver', 'preempt', '--transports', 'tcp',
-          'shm', '--envs', str(envs), '--size', 'size1m' if smoke else
+          '--modes', *modes, '--transports', *transports,
+          '--envs', str(envs), '--size', 'size1m' if smoke else
           'size12m', '--seconds', '1' if smoke else '5', '--warmup',
           '0.5' if smoke else '2', '--repeats', '1',
-          '--out', str(out / f'actor_{envs}.json')], 180 if smoke else 300))
+          *(['--learner'] if stage == 'shared' else []),
+          '--out', str(out / f'{stage}_{envs}.json')],
+          180 if smoke else 300))
     return commands
   if stage == 'learner':
     return learner_commands(args, out)
@@ -248,13 +260,14 @@ def collect(stage, args, out):
         counts[key] += int(found.get(key, 0))
     counts['files'] = len(list(out.glob('tests_*.xml')))
     return counts
-  if stage == 'actor':
+  if stage in ('actor', 'shared'):
     rows = []
-    for path in sorted(out.glob('actor_*.json')):
+    for path in sorted(out.glob(f'{stage}_*.json')):
       for r in json.loads(path.read_text()):
         rows.append({k: r.get(k) for k in (
             'fleet', 'envs', 'transport', 'mode', 'sps', 'ratio_baseline',
-            'p50_ms', 'p99_ms', 'batch_mean', 'policy_ms_mean', 'cpu_server')})
+            'p50_ms', 'p99_ms', 'batch_mean', 'policy_ms_mean', 'cpu_server',
+            'learner_ups', 'learner_alone_ups')})
     return rows
   if stage == 'learning':
     return learning_scores(args)
@@ -342,6 +355,14 @@ def section(stage, res):
           f"{_num(r['p50_ms'])} | {_num(r['p99_ms'])} | "
           f"{_num(r['batch_mean'])} | {_num(r['policy_ms_mean'])} |")
     return rows
+  if stage == 'shared':
+    rows = ['| envs | env steps/s | learner updates/s | alone | kept |',
+            '| ---: | ---: | ---: | ---: | ---: |']
+    rows += [f"| {r['envs']} | {r['sps']:.0f} | {_num(r['learner_ups'])} | "
+             f"{_num(r['learner_alone_ups'])} | "
+             f"{r['learner_ups'] / r['learner_alone_ups']:.2f} |"
+             for r in res if r.get('learner_alone_ups')]
+    return rows
   if stage == 'learner':
     return learner_section(res)
   if stage == 'e2e':
@@ -416,6 +437,9 @@ def main(argv=None):
   parser.add_argument('--learning_minutes', type=float, default=8.0)
   parser.add_argument('--logdir', default='',
                       help="the learning run's logdir (a new temporary one)")
+  parser.add_argument('--actor_envs', type=int, nargs='+',
+                      help='fleet sizes of the actor and shared stages '
+                      f'({ACTOR_ENVS} and {SHARED_ENVS})')
   parser.add_argument('--upstream', metavar='SRC',
                       help="time upstream DreamerV3's learner beside ours "
                       '(a danijar/dreamerv3 checkout; gpu_wheels.py carries '
