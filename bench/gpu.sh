@@ -14,6 +14,13 @@ if [ -d .whl ]; then
     --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD:$PYTHONPATH" MUJOCO_GL="${MUJOCO_GL:-egl}" \
+# MuJoCo renders through EGL where the machine has it (upstream's dmc
+# wrapper renders every step); elsewhere rendering is off, not an error at
+# import for the stages that never render.
+if [ -z "$MUJOCO_GL" ]; then
+  if ldconfig -p | grep -q 'libEGL\.so'; then MUJOCO_GL=egl
+  else MUJOCO_GL=disable; fi
+fi
+export PYTHONPATH="$PWD:$PYTHONPATH" MUJOCO_GL \
   PYTHONUNBUFFERED=1
 exec python3 bench/gpu.py "$@"
