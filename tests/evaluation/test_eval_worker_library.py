@@ -12,7 +12,7 @@ import pytest
 from dreamer_ver.evaluation.worker import (
     EvalWorker, ray_options, worker_config)
 from helpers.evaluation import (  # noqa: F401  (config: a fixture)
-    config, counting_env, idle_policy)
+    config, counting_b_ten, counting_env, idle_policy)
 
 PARAMS = {'flip': np.int32(0)}  # idle_policy's; it acts 0 whatever they say
 
@@ -48,6 +48,17 @@ def test_break_when_any_done_ends_at_the_first_episode_end(worker):
   # Env 1, left mid-episode, starts the next evaluation afresh.
   worker.submit(PARAMS, 3, episodes=2)
   assert worker.poll(timeout=120)['lengths'] == [3, 10]
+
+
+def test_init_fn_runs_in_the_worker():
+  worker = EvalWorker(counting_env, idle_policy, counting_b_ten,
+                      reward_keys=('b',))
+  try:
+    worker.submit(PARAMS, 1, episodes=1)
+    # Env 0's episode of 3 steps at b = 10 (init_fn's), not 2.
+    assert worker.poll(timeout=120)['scores'] == [30]
+  finally:
+    worker.shutdown()
 
 
 def test_a_worker_without_a_config_is_found_by_name_in_its_folder(worker):

@@ -132,8 +132,10 @@ def cue_policy(obs_space, act_space):
 
 
 class Counting(Env):
-  """Episodes of `length` steps whose observations give a = 1, b = 2 and
-  reward = 5 on each step (all 0 on the reset), whatever the actions."""
+  """Episodes of `length` steps whose observations give a = 1, b = `B` (2)
+  and reward = 5 on each step (all 0 on the reset), whatever the actions."""
+
+  B = np.float32(2)
 
   def __init__(self, length):
     self.length = length
@@ -156,7 +158,7 @@ class Counting(Env):
               **basic_obs(is_first=True)}
     self.count += 1
     last = self.count >= self.length
-    return {'a': np.float32(1), 'b': np.float32(2),
+    return {'a': np.float32(1), 'b': self.B,
             **basic_obs(5.0, is_last=last, is_terminal=last)}
 
 
@@ -165,6 +167,11 @@ COUNTING_LENGTHS = (3, 10)  # of env 0's and env 1's episodes
 
 def counting_env(index):
   return Counting(COUNTING_LENGTHS[index])
+
+
+def counting_b_ten():
+  """An EvalWorker's `init_fn`: Counting envs made after it give b = 10."""
+  Counting.B = np.float32(10)
 
 
 class IdlePolicy(CuePolicy):
