@@ -133,14 +133,16 @@ def stage_commands(stage, args, out):
     envs_list = [2] if smoke else (
         args.actor_envs or (ACTOR_ENVS if stage == 'actor' else SHARED_ENVS))
     modes, transports = (['baseline', 'ver', 'preempt'], ['tcp', 'shm'])
-    if stage == 'shared':
+    size = 'size1m' if smoke else 'size12m'
+    if stage == 'shared':  # (the smoke's learner: the tiny debug model)
       modes, transports = ['ver'], ['tcp']
+      size = 'debug' if smoke else size
     for envs in envs_list:
       commands.append((py + [
           str(BENCH / 'actor_bench.py'), '--fleets', 'fast',
           '--modes', *modes, '--transports', *transports,
-          '--envs', str(envs), '--size', 'size1m' if smoke else
-          'size12m', '--seconds', '1' if smoke else '5', '--warmup',
+          '--envs', str(envs), '--size', size,
+          '--seconds', '1' if smoke else '5', '--warmup',
           '0.5' if smoke else '2', '--repeats', '1',
           *(['--learner'] if stage == 'shared' else []),
           '--out', str(out / f'{stage}_{envs}.json')],

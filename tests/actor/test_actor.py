@@ -15,7 +15,7 @@ import pytest
 from dreamer_ver import config as configlib
 from dreamer_ver.envs import make_env
 from dreamer_ver.actor import batching
-from dreamer_ver.actor.actor import Actor
+from dreamer_ver.actor.actor import Actor, _log_keys
 from dreamer_ver.rpc.batch_server import BatchServer, Request
 from dreamer_ver.runtime.env_worker import run_envs
 from dreamer_ver.actor.params import ParamsStore
@@ -376,3 +376,14 @@ def test_the_shipper_counts_what_replay_acknowledged_and_drains_in_flight():
   threading.Timer(0.1, lambda: replay.futures[2].set_result({})).start()
   assert shipper.drain(timeout=5)
   assert shipper.stored == 104 and shipper.errors == 1
+
+
+def test_log_keys_every_row_carries_are_stacked_and_the_rest_dropped():
+  datas = [{'x': 0, 'log/a': np.float32(i), 'log/b': np.zeros(i + 1),
+            **({'log/c': 1} if i else {})} for i in range(3)]
+  logs = _log_keys(datas)
+  # log/b's rows differ in shape; log/c is missing from the first row.
+  assert list(logs) == ['log/a']
+  np.testing.assert_array_equal(logs['log/a'], [0, 1, 2])
+  datas[0]['log/c'] = 0
+  np.testing.assert_array_equal(_log_keys(datas)['log/c'], [0, 1, 1])

@@ -26,7 +26,7 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
       'gpu.json', 'gpu.log', 'gpu.md', 'scores.jsonl']
   records = {r['stage']: r for r in json.loads((out / 'gpu.json').read_text())}
   assert list(records) == ['stack', 'learner', 'e2e', 'overhead', 'actor',
-                           'tests', 'learning']
+                           'shared', 'tests', 'learning']
   assert all(r['ok'] for r in records.values())
   assert records['stack']['results']['backend'] == 'cpu'
   learner = records['learner']['results']
@@ -65,6 +65,10 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
       ('tcp', 'baseline'), ('tcp', 'ver'), ('tcp', 'preempt'),
       ('shm', 'ver'), ('shm', 'preempt')}
   assert all(r['sps'] > 0 for r in actor)
+  (shared,) = records['shared']['results']  # a learner beside the actor
+  assert (shared['mode'], shared['transport']) == ('ver', 'tcp')
+  assert shared['sps'] > 0
+  assert shared['learner_ups'] > 0 and shared['learner_alone_ups'] > 0
   tests = records['tests']['results']
   assert tests['tests'] >= 1 and tests['failures'] == tests['errors'] == 0
   learning = records['learning']['results']

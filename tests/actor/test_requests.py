@@ -1,0 +1,90 @@
+"""Admission by value: whatever mix of good and bad rows a batch holds,
+`admit` gives each row the error (or none) that checking it alone gives,
+however it checks the batch to be fast."""
+
+import jax
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dreamer_ver.actor.carries import CarryLane
+from dreamer_ver.actor.requests import RequestError, admit, check_request
+from dreamer_ver.rpc.batch_requests import Request
+
+S = jax.ShapeDtypeStruct
+SPEC = {'x': S((3,), np.float32), 'r': S((), np.float32), 'first': S((), bool)}
+META = {'is_eval': S((), bool), 'w': S((2,), np.float64)}
+
+
+def good(envid):
+  return {'x': np.arange(3, dtype=np.float32), 'r': np.float32(1),
+          'first': np.bool_(False), 'envid': np.int64(envid)}
+
+
+FAULTS = {  # how a row goes wrong (or stays right), by name
+    'none': lambda d: d,
+    'log key': lambda d: {**d, 'log/score': np.float32(3)},
+    'meta key': lambda d: {**d, 'is_eval': np.bool_(True)},
+    'float meta': lambda d: {**d, 'w': np.ones(2)},
+    'nan meta': lambda d: {**d, 'w': np.array([0, np.nan])},
+    'missing key': lambda d: {k: v for k, v in d.items() if k != 'r'},
+    'extra key': lambda d: {**d, 'bogus': np.zeros(1)},
+    'wrong shape': lambda d: {**d, 'x': np.zeros(4, np.float32)},
+    'wrong dtype': lambda d: {**d, 'x': np.zeros(3, np.float64)},
+    'meta dtype': lambda d: {**d, 'is_eval': np.int32(1)},
+    'python bool': lambda d: {**d, 'first': True},
+    'nan': lambda d: {**d, 'x': np.array([0, np.nan, 1], np.float32)},
+    'inf': lambda d: {**d, 'r': np.float32(np.inf)},
+    'float envid': lambda d: {**d, 'envid': np.float64(1)},
+    'negative envid': lambda d: {**d, 'envid': np.int64(-1)},
+    'huge envid': lambda d: {**d, 'envid': np.int64(2 ** 40)},
+    'not a dict': lambda d: [d],
+}
+
+
+def reference(datas, slots):
+  """Each row checked alone, then finiteness, then one row per env id:
+  each row's error message, or a part of it, or None."""
+  errors = []
+  for data in datas:
+    try:
+      check_request(data, SPEC, True, META)
+      for key in ('x', 'r', 'w'):
+        if key in data and not np.isfinite(data[key]).all():
+          raise RequestError(f'key {key!r}: values must be finite')
+      errors.append(None)
+    except RequestError as e:
+      errors.append(str(e))
+  envids = [int(d['envid']) for d, e in zip(datas, errors) if e is None]
+  taken = set()
+  for i, (data, error) in enumerate(zip(datas, errors)):
+    if error is None:
+      envid = int(data['envid'])
+      if envids.count(envid) > 1:
+        errors[i] = f'env id {envid} sent several requests'
+      elif envid not in taken and len(taken) >= slots:
+        errors[i] = f'env id {envid} needs a carry slot'
+      else:
+        taken.add(envid)
+  return errors
+
+
+# Mostly good rows, so that many batches hold one fault or none: those
+# are the batches a fast path could let through.
+ROW = st.tuples(st.integers(0, 6), st.sampled_from(
+    ['none'] * len(FAULTS) + sorted(FAULTS)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ROW, min_size=1, max_size=12))
+def test_each_row_gets_the_error_it_gets_alone(rows):
+  datas = [FAULTS[fault](good(envid)) for envid, fault in rows]
+  requests = [Request(conn=i, reqnum=0, data=d, arrival=0.0)
+              for i, d in enumerate(datas)]
+  slots = 5
+  errors, valid = admit(requests, SPEC, CarryLane(0, (), slots), META)
+  expected = reference(datas, slots)
+  assert valid == [i for i, e in enumerate(expected) if e is None]
+  for got, want in zip(errors, expected):
+    assert (got is None) == (want is None), (rows, got, want)
+    assert want is None or str(got).startswith(want), (rows, got, want)
