@@ -24,7 +24,8 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
             each (`e2e.py`)
   overhead  per-batch host overhead of the actor against the bare jitted
             step at each padded bucket, and its stages with the real and a
-            null policy (`overhead_bench.py`, `--stages`)
+            null policy, then size12m's stages again with the policy step
+            in CUDA graphs (`overhead_bench.py`, `--stages`, XLA_FLAGS)
   actor     the actor bench's `fast` fleet (dm_control cartpole, about
             0.2 ms a step, so the runtime's own cost shows) at 16, 64 and
             256 envs, tcp and shm, portal's fixed batch vs `ver` and
@@ -121,13 +122,23 @@ def stage_commands(stage, args, out):
                    path], 150) for i, path in enumerate(TESTS)]
   if stage == 'overhead':
     sizes = ['size1m'] if smoke else ['size1m', 'size12m']
-    common = py + [str(BENCH / 'overhead_bench.py'), '--sizes', *sizes,
-                   '--envs', '4' if smoke else '256',
-                   '--repeats', '3' if smoke else '30']
-    return [(common + ['--out', str(out / 'overhead.json')],
-             120 if smoke else 200),
-            (common + ['--stages', '--out', str(out / 'overhead_stages.json')],
-             120 if smoke else 200)]
+    bench = py + [str(BENCH / 'overhead_bench.py'),
+                  '--envs', '4' if smoke else '256',
+                  '--repeats', '3' if smoke else '30']
+    seconds = 120 if smoke else 200
+    commands = [
+        (bench + ['--sizes', *sizes, '--out', str(out / 'overhead.json')],
+         seconds),
+        (bench + ['--sizes', *sizes, '--stages',
+                  '--out', str(out / 'overhead_stages.json')], seconds)]
+    if not smoke:  # The policy step's kernels launched as CUDA graphs: on
+      # an H100 its dispatch took 0.55-0.64 ms, flat in rows, against
+      # 0.25-0.33 ms for a null policy's few kernels.
+      commands.append((bench + [
+          '--sizes', 'size12m', '--stages',
+          '--out', str(out / 'overhead_stages_cmdbuf.json')], 150,
+                       {'XLA_FLAGS': XLA_FLAG_SETS['cmdbuf_while']}))
+    return commands
   if stage in ('actor', 'shared'):
     commands = []
     envs_list = [2] if smoke else (
@@ -275,8 +286,10 @@ def collect(stage, args, out):
     return learning_scores(args)
   if stage == 'overhead':
     return {name: json.loads(path.read_text()) if path.exists() else []
-            for name, path in (('host', out / 'overhead.json'),
-                               ('stages', out / 'overhead_stages.json'))}
+            for name, path in (
+                ('host', out / 'overhead.json'),
+                ('stages', out / 'overhead_stages.json'),
+                ('stages_cmdbuf', out / 'overhead_stages_cmdbuf.json'))}
   if stage == 'learner':
     runs = {}
     for path in sorted(out.glob('learner_*.json')):
@@ -340,10 +353,11 @@ def section(stage, res):
              f"{r['forward_ms']:.3f} | {r['host_ms']:.3f} |"
              for r in res['host']]
     import overhead_bench  # (bench/; it loads JAX, which the report needs not)
-    for size in sorted({r['size'] for r in res['stages']}):
-      rows += ['', f'Actor.handle by stage, microseconds ({size}):', '',
-               overhead_bench.stages_table(
-                   [r for r in res['stages'] if r['size'] == size])]
+    for key, label in (('stages', ''), ('stages_cmdbuf', ', cmdbuf_while')):
+      for size in sorted({r['size'] for r in res.get(key, [])}):
+        rows += ['', f'Actor.handle by stage, microseconds ({size}{label}):',
+                 '', overhead_bench.stages_table(
+                     [r for r in res[key] if r['size'] == size])]
     return rows
   if stage == 'actor':
     rows = ['| envs | transport | mode | env steps/s | x baseline | p50 ms | '

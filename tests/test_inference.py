@@ -355,8 +355,9 @@ def trainer_and_env(client, sender, done):
 
 def test_a_trainer_in_another_process_pushes_weights_its_env_acts_with():
   """The mp transport and the weight sync across processes, by value: the
-  pushed weights act in the next batch, replies say their version, the
-  carry goes on, and params of another shape are refused to the sender."""
+  pushed weights act in the next batch without a recompile, replies say
+  their version, the carry goes on, and params of another shape are
+  refused to the sender."""
   from dreamer_ver.inference_client import InferenceClient, WeightSender
   from dreamer_ver.rpc import MPTransport
   transport = MPTransport()
@@ -369,13 +370,15 @@ def test_a_trainer_in_another_process_pushes_weights_its_env_acts_with():
   proc = context.Process(target=trainer_and_env, args=(
       transport.client(), sender, done))
   try:
-    proc.start()
-    before, after, refused = done.get(timeout=120)
+    with compiles() as seen:  # The pushed weights compile nothing here.
+      proc.start()
+      before, after, refused = done.get(timeout=120)
+      here = InferenceClient(server.endpoint('tcp'))
+      out = here({'x': np.float32(1.0), 'is_first': np.bool_(True),
+                  'envid': np.int64(2)})
+    assert seen == []
     assert before == (10.0, 3, 1) and after == (-4.5, 7, 2)
     assert refused == 'w is float32[3], the served one float32[]', refused
-    here = InferenceClient(server.endpoint('tcp'))
-    out = here({'x': np.float32(1.0), 'is_first': np.bool_(True),
-                'envid': np.int64(2)})
     assert (float(out['y']), int(out['version'])) == (-0.5, 7)
     here.close()
     deadline = time.monotonic() + TIMEOUT
