@@ -35,7 +35,10 @@ Upstream's dmc wrapper renders a frame every env step even on proprio
 tasks (`log/image`), through software OpenGL where there is no GPU
 (Mesa's EGL), so `--render_cost` also times that rendering alone
 in this process (one env, `--render_steps` steps) and reports it per env
-step on a line of its own.
+step on a line of its own. Where MuJoCo has no OpenGL at all
+(MUJOCO_GL=disable, as on a GPU machine without EGL) upstream's frames are
+black instead (`bench/upstream_shim`) and the results list those tasks
+under `upstream_blank_render`: its env steps are cheaper there, not dearer.
 """
 
 import argparse
@@ -86,11 +89,20 @@ def command(system, args, task, logdir):
   if system == 'ours':
     return [sys.executable, '-m', 'dreamer_ver.main', *common], env
   main = Path(args.upstream) / 'dreamerv3' / 'main.py'
+  if blank_render(task, env):
+    env['UPSTREAM_BLANK_RENDER'] = '1'
   # Upstream's default outputs include `scope`, a viewer's format: JSONL
   # alone, as ours writes.
   return ([sys.executable, str(main), *common, '--logger.outputs=jsonl'],
           {**upstreamlib.environ(args.upstream, args.site), **{
               k: v for k, v in env.items() if k != 'PYTHONPATH'}})
+
+
+def blank_render(task, env):
+  """Whether upstream's logged-only frames are black (the shim's
+  UPSTREAM_BLANK_RENDER): on proprio dmc tasks where MuJoCo cannot render
+  at all, else its first step would fail."""
+  return task.startswith('dmc_') and env.get('MUJOCO_GL') == 'disable'
 
 
 class Watch:
@@ -275,6 +287,9 @@ def report(args, records, skipped, render_ms=None):
     result['tasks'][task] = entry
   if render_ms is not None:
     result['upstream_render_ms_per_env_step'] = render_ms
+  blank = [t for t in args.tasks if blank_render(t, os.environ)]
+  if blank and not skipped:
+    result['upstream_blank_render'] = blank
   return result
 
 
