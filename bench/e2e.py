@@ -191,6 +191,10 @@ def run_once(system, args, task, logdir, seconds):
     proc.wait()
   watch.close()
   log.close()
+  if code:  # it ended by itself, and failed: its last lines, not silence
+    tail = Path(log.name).read_text().splitlines()[-30:]
+    print(f'{system} exited with {code}:', *tail, sep='\n  ',
+          file=sys.stderr)
   record = summarize([(t, r) for t, r in watch.lines if t <= cut],
                      args.batch_size * args.batch_length, cut,
                      args.log_every)

@@ -8,8 +8,9 @@ dependencies, but no network and none of elements, portal, gymnasium or
 dm_control. This fetches those (at the versions `constraints.txt` pins)
 for CPython 3.12 on manylinux x86-64, with their dependencies that the
 machine also lacks, then slims the two big ones: dm_control loses the
-locomotion and dog assets and test files, mujoco its `experimental` viewer
-(the suite's walker, cartpole and the like need none of them). pip has no
+locomotion walkers' and soccer's assets, the dog's and test files, mujoco
+its `experimental` viewer (the suite's walker, cartpole and the like need
+none of them; upstream's dmc wrapper imports locomotion's code). pip has no
 way to leave files of a wheel out, hence the repacking here.
 On the GPU machine, `bench/gpu.sh` installs them with
 `pip install --no-index --no-deps --target`.
@@ -36,7 +37,9 @@ PACKAGES = ('elements', 'portal', 'ruamel.yaml', 'gymnasium',
             'dm-tree', 'glfw', 'labmaze', 'PyOpenGL')
 # Folders of a wheel that the suite tasks never read.
 DROP = {
-    'dm_control': ('dm_control/locomotion/', 'dm_control/suite/dog_assets/',
+    'dm_control': ('dm_control/locomotion/walkers/assets/',
+                   'dm_control/locomotion/soccer/assets/',
+                   'dm_control/suite/dog_assets/',
                    'dm_control/mujoco/testing/', 'dm_control/blender/',
                    'dm_control/mjcf/test_assets/', 'dm_control/third_party/',
                    'dm_control/suite/all_domains.png'),
