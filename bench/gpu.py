@@ -46,8 +46,9 @@ time, not the window's). `--out` gets three files, rewritten after every
 stage so that a window cut short keeps what it finished: `gpu.json` (each
 stage's commands, exit codes, seconds and results), `gpu.md` (the report)
 and `gpu.log` (every command's output); the learning stage adds its
-`scores.jsonl`. Few files, since a GPU machine may send back only a few. `--smoke` runs every stage tiny
-on the CPU in about 5 minutes; a test runs it, so the command cannot rot.
+`scores.jsonl`. Few files, since a GPU machine may send back only a few.
+`--smoke` runs every stage tiny on the CPU in about 5 minutes; a test runs
+it, so the command cannot rot.
 """
 
 import argparse
@@ -438,9 +439,12 @@ def _num(value):
   return '' if value is None else f'{value:.1f}'
 
 
-def commit():
-  return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
-                        capture_output=True, text=True).stdout.strip() or '?'
+def commit(given=None):
+  """`given` (--commit), else git's HEAD: a copied tree's git metadata can
+  be older than its files."""
+  return given or subprocess.run(
+      ['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
+      text=True).stdout.strip() or '?'
 
 
 def main(argv=None):
@@ -463,6 +467,8 @@ def main(argv=None):
   parser.add_argument('--upstream_site', metavar='DIR',
                       help="upstream's extra packages, where they are not "
                       'importable already (bench/upstream.py)')
+  parser.add_argument('--commit', help="the tree's commit, where its git "
+                      "metadata may be stale (default: git's HEAD)")
   parser.add_argument('--report', nargs='+', metavar='DIR',
                       help="print one report of these runs' gpu.json")
   args = parser.parse_args(argv)
@@ -484,7 +490,11 @@ def main(argv=None):
   for stage in [s for s in STAGES if s in args.stages]:
     print(f'{stage}...', flush=True)
     record = run_stage(stage, args, out, work)
-    record.update(commit=commit(), date=time.strftime('%Y-%m-%d'))
+    record.update(commit=commit(args.commit),
+                  date=time.strftime('%Y-%m-%d'))
+    results = record.get('results')
+    if args.commit and isinstance(results, dict) and 'commit' in results:
+      results['commit'] = args.commit  # a bench's own, read from git
     records.append(record)
     print(f"  {'ok' if record['ok'] else 'FAILED'} in {record['seconds']} s",
           flush=True)
