@@ -226,6 +226,9 @@ def summarize(lines, batch_steps, seconds, window):
           if 'train/policy_lag/mean' in r]
   scores = [(t, int(r['step']), r['episode/score']) for t, r in lines
             if 'episode/score' in r]
+  usage = {}  # where the time goes: each `usage/*` metric's last value
+  for _, r in lines:
+    usage.update({k: v for k, v in r.items() if k.startswith('usage/')})
   return {
       'env_steps': last_step,
       'env_steps_per_s': round(last_step / seconds, 3),
@@ -236,6 +239,7 @@ def summarize(lines, batch_steps, seconds, window):
       'policy_lag_mean': round(float(np.mean(lags)), 2) if lags else None,
       'score_last': scores[-1][2] if scores else None,
       'scores': [[round(t, 1), s, round(float(v), 3)] for t, s, v in scores],
+      'usage': usage,
   }
 
 

@@ -1,0 +1,40 @@
+"""bench/e2e.py's arithmetic: what a run's stamped metrics lines become."""
+
+import sys
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / 'bench'))
+import e2e  # noqa: E402
+
+
+def test_summarize_rates_first_times_and_usage():
+  lines = [  # (seconds since start, metrics line)
+      (10.0, {'step': 0, 'usage/agent/cpu': 0.5}),
+      (20.0, {'step': 400, 'episode/score': 7.0}),
+      (30.0, {'step': 900, 'fps/train': 64.0, 'usage/agent/cpu': 0.9,
+              'usage/env0/cpu': 0.2}),
+      (40.0, {'step': 1500, 'fps/train': 128.0,
+              'train/policy_lag/mean': 3.0}),
+      (50.0, {'step': 2000, 'train/policy_lag/mean': 5.0,
+              'episode/score': 9.5}),
+  ]
+  result = e2e.summarize(lines, batch_steps=32, seconds=50.0, window=15.0)
+  assert result['env_steps'] == 2000
+  assert result['env_steps_per_s'] == 40.0
+  assert result['first_action_s'] == 20.0
+  assert result['first_update_s'] == 30.0
+  # 64 replayed steps/s over the first window (15 s: the line before it
+  # carried no rate), 128 over the 10 s to the next: 2,240 steps = 70.
+  assert result['updates'] == 70.0
+  assert result['updates_per_s'] == 1.4
+  assert result['policy_lag_mean'] == 4.0
+  assert result['scores'] == [[20.0, 400, 7.0], [50.0, 2000, 9.5]]
+  assert result['usage'] == {'usage/agent/cpu': 0.9, 'usage/env0/cpu': 0.2}
+
+
+def test_blank_frames_only_where_mujoco_cannot_render_a_dmc_task():
+  assert e2e.blank_render('dmc_walker_walk', {'MUJOCO_GL': 'disable'})
+  assert not e2e.blank_render('dmc_walker_walk', {'MUJOCO_GL': 'egl'})
+  assert not e2e.blank_render('dmc_walker_walk', {})
+  assert not e2e.blank_render('dummy_disc', {'MUJOCO_GL': 'disable'})
