@@ -104,24 +104,30 @@ class Server:
   def _receive(self):
     while self._running:
       try:
-        addr, msg = self.socket.recv(timeout=0.2)
+        calls = self.socket.receive(timeout=0.2)
       except TimeoutError:
         continue
-      try:
-        reqnum, method, args = parse_call(msg)
-      except BadCall as e:
-        self._refuse(addr, e)
-        continue
-      if method == PING:  # Answered here, even while every worker waits.
-        self.socket.send_reply(addr, reqnum, None)
-        continue
-      if method not in self.methods:
-        self._refuse(addr, BadCall(reqnum, 3, f'Unknown method {method}'))
-        continue
-      self._count('requests')
-      function, pool = self.methods[method]
-      pool.submit(functools.partial(
-          self._call, method, function, addr, reqnum, args))
+      for addr, msg in calls:
+        self._serve(addr, msg)
+
+  def _serve(self, addr, msg):
+    """Answers a bad call or a ping here; queues any other call on its
+    method's pool."""
+    try:
+      reqnum, method, args = parse_call(msg)
+    except BadCall as e:
+      self._refuse(addr, e)
+      return
+    if method == PING:  # Answered here, even while every worker waits.
+      self.socket.send_reply(addr, reqnum, None)
+      return
+    if method not in self.methods:
+      self._refuse(addr, BadCall(reqnum, 3, f'Unknown method {method}'))
+      return
+    self._count('requests')
+    function, pool = self.methods[method]
+    pool.submit(functools.partial(
+        self._call, method, function, addr, reqnum, args))
 
   def _refuse(self, addr, error):
     self._count('requests')

@@ -13,6 +13,7 @@ length, method name, portal's packed args); a reply is (request number,
 import collections
 import hmac
 import os
+import queue
 import selectors
 import socket as socketlib
 import sys
@@ -112,6 +113,14 @@ class ServerSocket(portal.ServerSocket):
   here that limit is per connection, and a connection past it is closed.
   The loop checks the handshake deadlines every TICK seconds, so that they
   hold while no one else connects.
+
+  Calls are read the same way, by this class's own code: upstream reads a
+  call's length prefix and its body in two rounds of the loop and queues
+  each call on its own (a lock and a wake-up each), which at 64 env
+  processes cost a fifth of a batch server's time. Here a readable
+  connection is read until it would block (at most READ_BURST calls), and
+  the calls a round completes are queued as one list: `receive` returns
+  them. portal's `recv`, a call at a time, is not served.
   """
 
   HANDSHAKE_SECONDS = 10.0
@@ -119,6 +128,7 @@ class ServerSocket(portal.ServerSocket):
   LOG_BURST = 5
   LOG_PERIOD = 60.0
   TICK = 0.2  # Seconds between the loop's checks of deadlines.
+  READ_BURST = 16  # Calls read from one connection in one round at most.
   # How every connection finds out that its peer is gone: TCP keepalive
   # (idle seconds, seconds between probes, probes) and the longest that
   # sent data may stay unacknowledged (seconds; without it a reply sent
@@ -148,6 +158,8 @@ class ServerSocket(portal.ServerSocket):
         portal.server_socket.Options.max_recv_queue)
     self._received = collections.Counter()  # addr -> calls not yet taken
     self._received_lock = threading.Lock()
+    self._inbox = queue.SimpleQueue()  # lists of (addr, call), a round's
+    self._round = []  # the calls read in the loop's current round
     _, port = split_addr(addr)
     host = kwargs.pop('host', None) or bind_host(addr)
     # portal's own handshake check is off (an empty one): `_recv` runs ours.
@@ -178,6 +190,9 @@ class ServerSocket(portal.ServerSocket):
           elif (mask & selectors.EVENT_READ and self.reading
                 and self.conns.get(key.data.addr) is key.data):
             self._recv(key.data)  # (Unless closed earlier in this round.)
+        if self._round:
+          self._inbox.put(self._round)
+          self._round = []
         # Overflowed ones too: their queue may have drained meanwhile, and
         # `send` refuses them, so only the drop here ends them.
         for conn in [c for c in self.conns.values() if c.sendbufs
@@ -298,29 +313,47 @@ class ServerSocket(portal.ServerSocket):
         self._drop(conn, e)
       return
     with self._received_lock:
-      full = self._received[conn.addr] >= self.max_recv_queue
-    if full:
+      room = self.max_recv_queue - self._received[conn.addr]
+    if room <= 0:
       self._drop(conn, BufferError(
           f'{self.max_recv_queue} calls wait to be taken; the client sends '
           'more than it waits for'))
       return
     try:
-      super()._recv(conn)
-    except AssertionError as e:
-      self._drop(conn, ValueError(f'invalid frame length ({e})'))
+      calls = _read_calls(conn, self.options.max_msg_size,
+                          min(room, self.READ_BURST))
+    except (OSError, ValueError) as e:
+      self._drop(conn, e)
       return
-    if conn.recvbuf is None:  # A whole call was queued.
+    if calls:
       with self._received_lock:
-        self._received[conn.addr] += 1
+        self._received[conn.addr] += len(calls)
+      self._round += [(conn.addr, call) for call in calls]
+
+  def receive(self, timeout=None):
+    """The calls of the next socket round, and of any others queued
+    behind it: [(the connection's address, the call's bytes)]. Raises
+    TimeoutError after `timeout` seconds without one (0: no wait)."""
+    if self.error:
+      raise self.error
+    try:
+      calls = self._inbox.get(block=timeout != 0, timeout=timeout)
+    except queue.Empty:
+      raise TimeoutError from None
+    try:
+      while True:
+        calls += self._inbox.get_nowait()
+    except queue.Empty:
+      pass
+    with self._received_lock:
+      for addr, _ in calls:
+        self._received[addr] -= 1
+        if not self._received[addr]:
+          del self._received[addr]
+    return calls
 
   def recv(self, timeout=None):
-    """The next call: (the connection's address, its bytes)."""
-    addr, data = super().recv(timeout)
-    with self._received_lock:
-      self._received[addr] -= 1
-      if not self._received[addr]:
-        del self._received[addr]
-    return addr, data
+    raise NotImplementedError('calls are read with receive(), a list at once')
 
   def _handshake(self, conn):
     """Reads what the peer sent of its handshake; answers a hello, and
@@ -407,6 +440,39 @@ class LogLimit:
       self.write(f'{sum(self.held.values())} more like these in the last '
                  f'{now - self.start:.0f} s: {kinds}')
     self.start, self.written, self.held = now, 0, collections.Counter()
+
+
+def _read_calls(conn, max_size, burst):
+  """The calls that `conn` completes now, reading its non-blocking socket
+  until it would block or `burst` calls are read; a partial call is kept
+  on `conn` for the next round. Raises ConnectionResetError at the peer's
+  close and ValueError for a length prefix outside [1, max_size]."""
+  calls = []
+  try:
+    while len(calls) < burst:
+      if getattr(conn, 'body', None) is None:
+        head = getattr(conn, 'head', b'')
+        got = conn.sock.recv(8 - len(head))
+        if not got:
+          raise ConnectionResetError('closed by the peer')
+        conn.head = head + got
+        if len(conn.head) < 8:
+          continue
+        size = int.from_bytes(conn.head, 'little')
+        if not 1 <= size <= max_size:
+          raise ValueError(f'invalid frame length {size}')
+        conn.head, conn.pos = b'', 0
+        conn.body = memoryview(np.empty(size, np.uint8).data)
+      got = conn.sock.recv_into(conn.body[conn.pos:])
+      if not got:
+        raise ConnectionResetError('closed by the peer')
+      conn.pos += got
+      if conn.pos == len(conn.body):
+        calls.append(conn.body)
+        conn.body = None
+  except BlockingIOError:
+    pass
+  return calls
 
 
 def _status(code):

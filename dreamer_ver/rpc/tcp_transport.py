@@ -40,14 +40,9 @@ class TcpTransport(Transport):
   def receive(self, timeout):
     """The calls received within `timeout` seconds: (conn, reqnum, data)."""
     try:
-      messages = [self.socket.recv(timeout=timeout)]
+      messages = self.socket.receive(timeout=timeout)
     except TimeoutError:
       return []
-    while len(messages) < 256:  # Drain a burst.
-      try:
-        messages.append(self.socket.recv(timeout=0))
-      except TimeoutError:
-        break
     calls = [self._decode(addr, msg) for addr, msg in messages]
     return [call for call in calls if call is not None]
 

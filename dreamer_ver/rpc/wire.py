@@ -10,6 +10,7 @@ either, so clients built on these functions need no change on their side.
 """
 
 import itertools
+import math
 import select
 import socket
 
@@ -179,28 +180,73 @@ def reply(frame):
   return reqnum, unpack(frame[16:])
 
 
-PLAIN_LEAVES = ('none', 'utf8', 'bytes', 'array')
-
-
 def unpack(payload):
-  """packlib.unpack for bytes from a peer: checks first that the buffer
-  count fits the payload (garbage could make packlib allocate gigabytes)
-  and that every leaf carries its bytes. A 'sharray' leaf would make
-  packlib map the shared-memory segment it names, of any size; our peers
-  never send one, so it raises ValueError, as does a malformed header."""
-  count = int.from_bytes(bytes(payload[:8]), 'little')
+  """What portal's packlib.pack packed, from a peer's bytes: the same tree
+  of None, str, bytes (memoryviews) and numpy arrays (views of `payload`).
+  Its own decoder rather than packlib.unpack, which trusts the peer (any
+  buffer count is allocated; a 'sharray' leaf maps the shared-memory
+  segment it names, of any size) and costs a server twice this per call
+  (it decodes the specs again and rebuilds the tree in two recursive
+  passes). Anything malformed raises ValueError, TypeError or KeyError."""
+  count = int.from_bytes(payload[:8], 'little')
   if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
     raise ValueError('bad packlib header')
-  sizes = np.frombuffer(payload[8:8 + 8 * count], '<u8')
-  start = 8 + 8 * count + int(sizes[0])
-  if start + int(sizes[1]) > len(payload):
+  ends = list(itertools.accumulate(
+      np.frombuffer(payload[8:8 + 8 * count], '<u8').tolist(),
+      initial=8 + 8 * count))
+  if ends[-1] > len(payload):
     raise ValueError('bad packlib header')
-  specs = msgpack.unpackb(bytes(payload[start:start + int(sizes[1])]))
-  if not isinstance(specs, list) or any(
-      not isinstance(spec, list) or not spec or spec[0] not in PLAIN_LEAVES
-      for spec in specs):
-    raise ValueError('shared-memory or unknown leaves are not accepted')
-  return packlib.unpack(payload)
+  tree = msgpack.unpackb(payload[ends[0]:ends[1]])
+  specs = msgpack.unpackb(payload[ends[1]:ends[2]])
+  if not isinstance(specs, list) or len(specs) != count - 2:
+    raise ValueError('bad packlib specs')
+  leaves = iter([_leaf(spec, payload[start:end]) for spec, start, end in zip(
+      specs, ends[2:], ends[3:])])
+  data = _unflatten(tree, leaves)
+  if next(leaves, _MISSING) is not _MISSING:
+    raise ValueError('more leaves than the tree has')
+  return data
+
+
+def _leaf(spec, buffer):
+  kind = spec[0]
+  if kind == 'array':
+    _, shape, dtype = spec
+    if not math.prod(shape):  # packlib sends one placeholder byte
+      buffer = b''
+    return np.frombuffer(buffer, _DTYPES.get(dtype) or np.dtype(dtype)
+                         ).reshape(shape)
+  if kind == 'none':
+    return None
+  if kind == 'utf8':
+    return bytes(buffer).decode('utf-8')
+  if kind == 'bytes':
+    return buffer
+  raise ValueError(f'shared-memory or unknown leaves ({kind!r}) are not '
+                   'accepted')
+
+
+_DTYPES = {np.dtype(t).str: np.dtype(t) for t in (
+    np.bool_, np.uint8, np.int32, np.int64, np.float16, np.float32,
+    np.float64)}
+
+
+def _unflatten(tree, leaves):
+  """`tree` (packlib's structure: lists and dicts, None at the leaves)
+  with its Nones replaced by `leaves` in order."""
+  if tree is None:
+    leaf = next(leaves, _MISSING)
+    if leaf is _MISSING:
+      raise ValueError('fewer leaves than the tree has')
+    return leaf
+  if isinstance(tree, list):
+    return [_unflatten(node, leaves) for node in tree]
+  if isinstance(tree, dict):
+    return {key: _unflatten(node, leaves) for key, node in tree.items()}
+  raise ValueError(f'bad packlib tree node {tree!r}')
+
+
+_MISSING = object()
 
 
 def reqnum_of(frame):

@@ -13,6 +13,7 @@ import socket
 import time
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from portal import packlib
@@ -73,6 +74,54 @@ def test_a_client_unpacks_a_reply_or_raises_a_plain_error(payload):
     wire.reply(reply)
   except Exception as e:  # Any error of the call's future, not a crash.
     assert not isinstance(e, (SystemExit, KeyboardInterrupt))
+
+
+LEAVES = st.one_of(
+    st.none(), st.text(max_size=4), st.binary(max_size=4),
+    st.sampled_from([np.float32, np.int64, np.uint8, np.bool_, np.float16,
+                     '>i4']).flatmap(lambda dtype: st.lists(
+                         st.integers(0, 3), max_size=3).map(
+                             lambda shape: np.arange(
+                                 int(np.prod(shape))).astype(dtype).reshape(
+                                     shape))))
+TREES = st.recursive(LEAVES, lambda children: st.one_of(
+    st.lists(children, max_size=3),
+    st.dictionaries(st.text(max_size=3), children, max_size=3)),
+    max_leaves=8)
+
+
+def _same(ours, theirs):
+  if isinstance(theirs, np.ndarray):
+    return (isinstance(ours, np.ndarray) and ours.dtype == theirs.dtype
+            and ours.shape == theirs.shape and (ours == theirs).all())
+  if isinstance(theirs, (list, dict)):
+    keys = range(len(theirs)) if isinstance(theirs, list) else theirs
+    return (type(ours) is type(theirs) and len(ours) == len(theirs)
+            and all(_same(ours[k], theirs[k]) for k in keys))
+  if isinstance(theirs, memoryview):
+    return bytes(ours) == bytes(theirs)
+  return ours == theirs
+
+
+@FUZZ
+@given(TREES)
+def test_unpack_reads_what_portal_packs_as_portal_does(tree):
+  payload = memoryview(packed(tree))
+  assert _same(wire.unpack(payload), packlib.unpack(payload))
+
+
+def test_unpack_refuses_a_tree_that_does_not_match_its_leaves():
+  import msgpack
+  specs = msgpack.packb([['array', [2], '<f8'], ['none']])
+  leaves = [np.ones(2).tobytes(), b'\x00']
+  for tree, problem in (({'a': None}, 'more leaves'),
+                        ({'a': None, 'b': None, 'c': None}, 'fewer leaves'),
+                        ({'a': None, 'b': 3}, 'tree node')):
+    parts = [msgpack.packb(tree), specs, *leaves]
+    payload = b''.join([len(parts).to_bytes(8, 'little'), *(
+        len(part).to_bytes(8, 'little') for part in parts), *parts])
+    with pytest.raises(ValueError, match=problem):
+      wire.unpack(memoryview(payload))
 
 
 @contextlib.contextmanager

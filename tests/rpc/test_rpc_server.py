@@ -275,9 +275,45 @@ def test_a_client_that_floods_calls_loses_only_its_connection():
       assert closed_by_peer(flood, 10)
       assert server.error is None
       wire.send(honest, wire.request(3, 'add', (1, 2)))
-      received = [server.recv(timeout=10) for _ in range(16 + 4)]
+      received = []
+      while len(received) < 16 + 4:
+        received += server.receive(timeout=10)
+      assert len(received) == 16 + 4
       local = honest.getsockname()
       assert sum(addr == local for addr, _ in received) == 4
+  finally:
+    server.close(timeout=5)
+
+
+def test_calls_sent_together_or_a_byte_at_a_time_arrive_whole_in_order():
+  from dreamer_ver.rpc.server_socket import ServerSocket, parse_call
+  port = free_port()
+  server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
+  framed = [wire.Frame(wire.request(n, 'add', (n, np.arange(n))))
+            for n in range(6)]
+  frames = [b''.join(bytes(b) for b in frame.buffers) for frame in framed]
+  try:
+    together = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                            threading.Event())
+    dribble = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                           threading.Event())
+    with contextlib.closing(together), contextlib.closing(dribble):
+      together.sendall(b''.join(frames[:3]))  # three calls in one write
+      for byte in b''.join(frames[3:]):
+        dribble.sendall(bytes([byte]))
+        time.sleep(0.0005)
+      calls = {together.getsockname(): [], dribble.getsockname(): []}
+      deadline = time.monotonic() + 10
+      while sum(map(len, calls.values())) < 6:
+        assert time.monotonic() < deadline
+        for addr, msg in server.receive(timeout=1):
+          reqnum, method, args = parse_call(msg)
+          calls[addr].append((int.from_bytes(reqnum, 'little'), method,
+                              args[0], args[1].tolist()))
+      assert calls[together.getsockname()] == [
+          (n, 'add', n, list(range(n))) for n in range(3)]
+      assert calls[dribble.getsockname()] == [
+          (n, 'add', n, list(range(n))) for n in range(3, 6)]
   finally:
     server.close(timeout=5)
 
