@@ -319,16 +319,14 @@ class ServerSocket(portal.ServerSocket):
           f'{self.max_recv_queue} calls wait to be taken; the client sends '
           'more than it waits for'))
       return
-    try:
-      calls = _read_calls(conn, self.options.max_msg_size,
-                          min(room, self.READ_BURST))
-    except (OSError, ValueError) as e:
-      self._drop(conn, e)
-      return
-    if calls:
+    calls, error = _read_calls(conn, self.options.max_msg_size,
+                               min(room, self.READ_BURST))
+    if calls:  # Served even when the peer closed right after sending them.
       with self._received_lock:
         self._received[conn.addr] += len(calls)
       self._round += [(conn.addr, call) for call in calls]
+    if error is not None:
+      self._drop(conn, error)
 
   def receive(self, timeout=None):
     """The calls of the next socket round, and of any others queued
@@ -443,10 +441,11 @@ class LogLimit:
 
 
 def _read_calls(conn, max_size, burst):
-  """The calls that `conn` completes now, reading its non-blocking socket
-  until it would block or `burst` calls are read; a partial call is kept
-  on `conn` for the next round. Raises ConnectionResetError at the peer's
-  close and ValueError for a length prefix outside [1, max_size]."""
+  """(the calls that `conn` completes now, why it must close or None):
+  reads its non-blocking socket until it would block or `burst` calls are
+  read, keeping a partial call on `conn` for the next round. It must close
+  at the peer's close (ConnectionResetError), for a length prefix outside
+  [1, max_size] (ValueError) or another OSError."""
   calls = []
   try:
     while len(calls) < burst:
@@ -472,7 +471,9 @@ def _read_calls(conn, max_size, burst):
         conn.body = None
   except BlockingIOError:
     pass
-  return calls
+  except (OSError, ValueError) as e:
+    return calls, e
+  return calls, None
 
 
 def _status(code):

@@ -39,6 +39,8 @@ FAULTS = {  # how a row goes wrong (or stays right), by name
     'negative envid': lambda d: {**d, 'envid': np.int64(-1)},
     'huge envid': lambda d: {**d, 'envid': np.int64(2 ** 40)},
     'not a dict': lambda d: [d],
+    'bytes key': lambda d: {**d, b'bogus': np.zeros(1)},  # msgpack's bin
+    'int key': lambda d: {**d, 7: np.zeros(1)},  # an in-process caller's
 }
 
 

@@ -318,6 +318,23 @@ def test_calls_sent_together_or_a_byte_at_a_time_arrive_whole_in_order():
     server.close(timeout=5)
 
 
+def test_a_call_sent_just_before_its_connection_closes_is_received():
+  from dreamer_ver.rpc.server_socket import ServerSocket, parse_call
+  port = free_port()
+  server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
+  try:
+    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                        threading.Event())
+    server.reading = False  # So that the call and the close are read as one.
+    wire.send(sock, wire.request(9, 'add', (1, 2)))
+    sock.close()
+    server.reading = True
+    ((_, msg),) = server.receive(timeout=10)
+    assert parse_call(msg)[1:] == ('add', [1, 2])
+  finally:
+    server.close(timeout=5)
+
+
 def test_the_kernel_probes_every_connection_for_a_vanished_peer():
   """A peer whose host is gone sends no close; keepalive probes end its
   connection (tests/system/test_hosts.py cuts a host off for real)."""
