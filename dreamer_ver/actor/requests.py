@@ -35,8 +35,8 @@ def check_request(data, spec, envid=True, meta=None):
   if not isinstance(data, dict):
     raise RequestError(
         f'request must be a dict of arrays, got {type(data).__name__}')
-  if not all(type(k) is str for k in data):
-    key = next(k for k in data if type(k) is not str)
+  if not all(isinstance(k, str) for k in data):
+    key = next(k for k in data if not isinstance(k, str))
     raise RequestError(f'keys must be strings, got {key!r}')
   # The common case in few set operations: every row of every batch pays.
   keys = data.keys() - {k for k in data if k.startswith(LOG_PREFIX)}
@@ -117,7 +117,7 @@ def _all_fit(datas, spec, envid, meta):
     if order not in known:
       extra = data.keys() - expected
       if len(data) - len(extra) != len(expected) or not all(
-          type(k) is str and (k in meta or k.startswith(LOG_PREFIX))
+          isinstance(k, str) and (k in meta or k.startswith(LOG_PREFIX))
           for k in extra):
         return False
       known.add(order)

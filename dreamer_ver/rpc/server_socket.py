@@ -118,9 +118,10 @@ class ServerSocket(portal.ServerSocket):
   call's length prefix and its body in two rounds of the loop and queues
   each call on its own (a lock and a wake-up each), which at 64 env
   processes cost a fifth of a batch server's time. Here a readable
-  connection is read until it would block (at most READ_BURST calls), and
-  the calls a round completes are queued as one list: `receive` returns
-  them. portal's `recv`, a call at a time, is not served.
+  connection is read until it would block (at most READ_BURST calls or
+  READ_BYTES bytes), and the calls a round completes are queued as one
+  list: `receive` returns them. portal's `recv`, a call at a time, is not
+  served.
   """
 
   HANDSHAKE_SECONDS = 10.0
@@ -440,15 +441,21 @@ class LogLimit:
     self.start, self.written, self.held = now, 0, collections.Counter()
 
 
-def _read_calls(conn, max_size, burst):
+# Bytes read from one connection in one round at most (then the loop reads
+# the others and sends replies before it reads more of a large call).
+READ_BYTES = 1 << 20
+
+
+def _read_calls(conn, max_size, burst, budget=READ_BYTES):
   """(the calls that `conn` completes now, why it must close or None):
-  reads its non-blocking socket until it would block or `burst` calls are
-  read, keeping a partial call on `conn` for the next round. It must close
-  at the peer's close (ConnectionResetError), for a length prefix outside
-  [1, max_size] (ValueError) or another OSError."""
+  reads its non-blocking socket until it would block, `burst` calls are
+  read or `budget` bytes, keeping a partial call on `conn` for the next
+  round. It must close at the peer's close (ConnectionResetError), for a
+  length prefix outside [1, max_size] (ValueError) or another OSError."""
   calls = []
+  read = 0
   try:
-    while len(calls) < burst:
+    while len(calls) < burst and read < budget:
       if getattr(conn, 'body', None) is None:
         head = getattr(conn, 'head', b'')
         got = conn.sock.recv(8 - len(head))
@@ -466,6 +473,7 @@ def _read_calls(conn, max_size, burst):
       if not got:
         raise ConnectionResetError('closed by the peer')
       conn.pos += got
+      read += got
       if conn.pos == len(conn.body):
         calls.append(conn.body)
         conn.body = None

@@ -10,7 +10,6 @@ either, so clients built on these functions need no change on their side.
 """
 
 import itertools
-import math
 import select
 import socket
 
@@ -187,7 +186,7 @@ def unpack(payload):
   buffer count is allocated; a 'sharray' leaf maps the shared-memory
   segment it names, of any size) and costs a server twice this per call
   (it decodes the specs again and rebuilds the tree in two recursive
-  passes). Anything malformed raises ValueError, TypeError or KeyError."""
+  passes). Anything malformed raises an Exception (ValueError, mostly)."""
   count = int.from_bytes(payload[:8], 'little')
   if len(payload) < 8 or count < 2 or 8 + 8 * count > len(payload):
     raise ValueError('bad packlib header')
@@ -212,8 +211,8 @@ def _leaf(spec, buffer):
   kind = spec[0]
   if kind == 'array':
     _, shape, dtype = spec
-    if not math.prod(shape):  # packlib sends one placeholder byte
-      buffer = b''
+    if 0 in shape:  # packlib sends one placeholder byte (and a product
+      buffer = b''  # of a peer's list could be a string of any length)
     return np.frombuffer(buffer, _DTYPES.get(dtype) or np.dtype(dtype)
                          ).reshape(shape)
   if kind == 'none':

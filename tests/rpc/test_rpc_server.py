@@ -335,6 +335,24 @@ def test_a_call_sent_just_before_its_connection_closes_is_received():
     server.close(timeout=5)
 
 
+def test_a_call_larger_than_a_rounds_read_arrives_whole():
+  from dreamer_ver.rpc.server_socket import READ_BYTES, ServerSocket, parse_call
+  port = free_port()
+  server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
+  big = np.random.default_rng(0).integers(0, 255, 3 * READ_BYTES, np.uint8)
+  try:
+    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
+                        threading.Event())
+    with contextlib.closing(sock):
+      wire.send(sock, wire.request(4, 'add', (big, 1)))
+      ((_, msg),) = server.receive(timeout=10)
+      _, method, (got, one) = parse_call(msg)
+      assert method == 'add' and one == 1
+      np.testing.assert_array_equal(got, big)
+  finally:
+    server.close(timeout=5)
+
+
 def test_the_kernel_probes_every_connection_for_a_vanished_peer():
   """A peer whose host is gone sends no close; keepalive probes end its
   connection (tests/system/test_hosts.py cuts a host off for real)."""
