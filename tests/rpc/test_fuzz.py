@@ -124,6 +124,19 @@ def test_unpack_refuses_a_tree_that_does_not_match_its_leaves():
       wire.unpack(memoryview(payload))
 
 
+def test_unpack_refuses_a_shape_it_would_have_to_multiply_out():
+  # A product of a peer's list ([10**12, 'x']) would be a string of a
+  # terabyte: a MemoryError at best, an allocation of any size below that.
+  import msgpack
+  for shape in ([10**12, 'x'], ['x', 3], [2**63], 5):
+    parts = [msgpack.packb([None]),
+             msgpack.packb([['array', shape, '<f4']]), b'\x00' * 8]
+    payload = b''.join([len(parts).to_bytes(8, 'little'), *(
+        len(part).to_bytes(8, 'little') for part in parts), *parts])
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+      wire.unpack(memoryview(payload))
+
+
 @contextlib.contextmanager
 def echo_server():
   addr = f'127.0.0.1:{free_port()}'
