@@ -114,14 +114,11 @@ class ServerSocket(portal.ServerSocket):
   The loop checks the handshake deadlines every TICK seconds, so that they
   hold while no one else connects.
 
-  Calls are read the same way, by this class's own code: upstream reads a
-  call's length prefix and its body in two rounds of the loop and queues
-  each call on its own (a lock and a wake-up each), which at 64 env
-  processes cost a fifth of a batch server's time. Here a readable
-  connection is read until it would block (at most READ_BURST calls or
-  READ_BYTES bytes), and the calls a round completes are queued as one
-  list: `receive` returns them. portal's `recv`, a call at a time, is not
-  served.
+  Calls too: upstream reads a call's length and body in two rounds of the
+  loop and queues each call alone (a lock and a wake-up each); here a
+  connection is read until it would block (READ_BURST calls or READ_BYTES
+  at most) and a round's calls are queued as one list, which `receive`
+  returns (portal's `recv`, a call at a time, is not served).
   """
 
   HANDSHAKE_SECONDS = 10.0
@@ -344,11 +341,8 @@ class ServerSocket(portal.ServerSocket):
         calls += self._inbox.get_nowait()
     except queue.Empty:
       pass
-    with self._received_lock:
-      for addr, _ in calls:
-        self._received[addr] -= 1
-        if not self._received[addr]:
-          del self._received[addr]
+    with self._received_lock:  # (A Counter's -= drops the zeros.)
+      self._received -= collections.Counter(addr for addr, _ in calls)
     return calls
 
   def recv(self, timeout=None):
@@ -441,17 +435,14 @@ class LogLimit:
     self.start, self.written, self.held = now, 0, collections.Counter()
 
 
-# Bytes read from one connection in one round at most (then the loop reads
-# the others and sends replies before it reads more of a large call).
-READ_BYTES = 1 << 20
+READ_BYTES = 1 << 20  # Of one connection per round: then the others' turn.
 
 
 def _read_calls(conn, max_size, burst, budget=READ_BYTES):
-  """(the calls that `conn` completes now, why it must close or None):
-  reads its non-blocking socket until it would block, `burst` calls are
-  read or `budget` bytes, keeping a partial call on `conn` for the next
-  round. It must close at the peer's close (ConnectionResetError), for a
-  length prefix outside [1, max_size] (ValueError) or another OSError."""
+  """(the calls `conn` completes now, why it must close or None), reading
+  until it would block or `burst` calls or `budget` bytes are read; a
+  partial call waits on `conn`. It must close at the peer's close, a
+  length outside [1, max_size] (ValueError) or another OSError."""
   calls = []
   read = 0
   try:
