@@ -35,9 +35,9 @@ def check_request(data, spec, envid=True, meta=None):
   if not isinstance(data, dict):
     raise RequestError(
         f'request must be a dict of arrays, got {type(data).__name__}')
-  if not all(isinstance(k, str) for k in data):
-    key = next(k for k in data if not isinstance(k, str))
-    raise RequestError(f'keys must be strings, got {key!r}')
+  for key in data:
+    if not isinstance(key, str):
+      raise RequestError(f'keys must be strings, got {key!r}')
   # The common case in few set operations: every row of every batch pays.
   keys = data.keys() - {k for k in data if k.startswith(LOG_PREFIX)}
   expected = spec.keys() | ({'envid'} if envid else set())

@@ -19,6 +19,8 @@ from dreamer_ver.rpc import wire
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.server import Server
+from dreamer_ver.rpc.server_socket import (
+    READ_BYTES, ServerSocket, parse_call)
 
 
 @contextlib.contextmanager
@@ -206,14 +208,12 @@ def test_a_reply_of_thousands_of_leaves_arrives():
 def test_a_write_that_keeps_failing_closes_its_connection(monkeypatch):
   # A reply the kernel refuses (not for lack of room) would be refused
   # again: the connection is closed, not kept with its queue stuck.
-  from dreamer_ver.rpc import wire
 
   def refuse(*args):
     raise OSError(errno.EINVAL, 'Invalid argument')
 
   with _serving({'echo': lambda x: x}) as (_, _, port):
-    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                        threading.Event())
+    sock = _connect(port)
     with contextlib.closing(sock):
       monkeypatch.setattr(os, 'writev', refuse)  # portal's way to write
       monkeypatch.setattr(socket.socket, 'sendmsg', refuse)
@@ -227,12 +227,10 @@ def test_a_client_that_never_reads_its_replies_loses_only_its_connection():
   # Replies queued for one connection count against that connection's
   # limit only: before, the limit was shared, and every other caller's
   # replies (heartbeat answers too) were dropped while it was full.
-  from dreamer_ver.rpc import wire
   big = np.ones(1 << 20, np.uint8)
   methods = {'big': lambda: big, 'add': lambda x, y: x + y}
   with _serving(methods, max_send_queue=8) as (server, client, port):
-    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                        threading.Event())
+    sock = _connect(port)
     with contextlib.closing(sock):
       try:
         for reqnum in range(64):  # More than the socket buffers can hold.
@@ -254,16 +252,12 @@ def test_a_client_that_floods_calls_loses_only_its_connection():
   # Calls received and not yet taken by the server count against their
   # connection's limit only: before, the limit was shared, and the socket
   # thread stopped (serving no one) once all connections together passed it.
-  from dreamer_ver.rpc import wire
-  from dreamer_ver.rpc.server_socket import ServerSocket
   port = free_port()
   server = ServerSocket(f'127.0.0.1:{port}', 'Slow', logging=False,
                         max_recv_queue=16)  # Nobody takes calls meanwhile.
   try:
-    honest = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                          threading.Event())
-    flood = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                         threading.Event())
+    honest = _connect(port)
+    flood = _connect(port)
     with contextlib.closing(honest), contextlib.closing(flood):
       for reqnum in range(3):
         wire.send(honest, wire.request(reqnum, 'add', (1, 2)))
@@ -285,18 +279,29 @@ def test_a_client_that_floods_calls_loses_only_its_connection():
     server.close(timeout=5)
 
 
-def test_calls_sent_together_or_a_byte_at_a_time_arrive_whole_in_order():
-  from dreamer_ver.rpc.server_socket import ServerSocket, parse_call
+@contextlib.contextmanager
+def _reading():
+  """A bare ServerSocket nobody takes calls from, and its port."""
   port = free_port()
   server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
+  try:
+    yield server, port
+  finally:
+    server.close(timeout=5)
+
+
+def _connect(port):
+  """A raw connection past portal's plain handshake."""
+  return wire.connect(('127.0.0.1', port), 'portal_handshake',
+                      threading.Event())
+
+
+def test_calls_sent_together_or_a_byte_at_a_time_arrive_whole_in_order():
   framed = [wire.Frame(wire.request(n, 'add', (n, np.arange(n))))
             for n in range(6)]
   frames = [b''.join(bytes(b) for b in frame.buffers) for frame in framed]
-  try:
-    together = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                            threading.Event())
-    dribble = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                           threading.Event())
+  with _reading() as (server, port):
+    together, dribble = _connect(port), _connect(port)
     with contextlib.closing(together), contextlib.closing(dribble):
       together.sendall(b''.join(frames[:3]))  # three calls in one write
       for byte in b''.join(frames[3:]):
@@ -314,43 +319,27 @@ def test_calls_sent_together_or_a_byte_at_a_time_arrive_whole_in_order():
           (n, 'add', n, list(range(n))) for n in range(3)]
       assert calls[dribble.getsockname()] == [
           (n, 'add', n, list(range(n))) for n in range(3, 6)]
-  finally:
-    server.close(timeout=5)
 
 
 def test_a_call_sent_just_before_its_connection_closes_is_received():
-  from dreamer_ver.rpc.server_socket import ServerSocket, parse_call
-  port = free_port()
-  server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
-  try:
-    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                        threading.Event())
+  with _reading() as (server, port):
+    sock = _connect(port)
     server.reading = False  # So that the call and the close are read as one.
     wire.send(sock, wire.request(9, 'add', (1, 2)))
     sock.close()
     server.reading = True
     ((_, msg),) = server.receive(timeout=10)
     assert parse_call(msg)[1:] == ('add', [1, 2])
-  finally:
-    server.close(timeout=5)
 
 
 def test_a_call_larger_than_a_rounds_read_arrives_whole():
-  from dreamer_ver.rpc.server_socket import READ_BYTES, ServerSocket, parse_call
-  port = free_port()
-  server = ServerSocket(f'127.0.0.1:{port}', 'Reader', logging=False)
   big = np.random.default_rng(0).integers(0, 255, 3 * READ_BYTES, np.uint8)
-  try:
-    sock = wire.connect(('127.0.0.1', port), 'portal_handshake',
-                        threading.Event())
-    with contextlib.closing(sock):
-      wire.send(sock, wire.request(4, 'add', (big, 1)))
-      ((_, msg),) = server.receive(timeout=10)
-      _, method, (got, one) = parse_call(msg)
-      assert method == 'add' and one == 1
-      np.testing.assert_array_equal(got, big)
-  finally:
-    server.close(timeout=5)
+  with _reading() as (server, port), contextlib.closing(_connect(port)) as sock:
+    wire.send(sock, wire.request(4, 'add', (big, 1)))
+    ((_, msg),) = server.receive(timeout=10)
+    _, method, (got, one) = parse_call(msg)
+    assert method == 'add' and one == 1
+    np.testing.assert_array_equal(got, big)
 
 
 def test_the_kernel_probes_every_connection_for_a_vanished_peer():
