@@ -106,6 +106,7 @@ import time
 import numpy as np
 
 from dreamer_ver.envs.wrappers import Wrapper
+from dreamer_ver.runtime import env_worker
 
 MODES = ('baseline', 'fixed', 'ver', 'preempt')
 WAL_MODES = ('off', 'flush')  # the replays of --wal, by `replay.wal`
@@ -236,7 +237,6 @@ def _env_child(config, envids, outdir, stall, extra, parent):
   faults fleet's deaths, and the end of every fleet. If the benchmark
   process goes away without stopping it, it stops itself."""
   from dreamer_ver import envs
-  from dreamer_ver.runtime import env_worker
   probes = {}
   order = iter(envids)
   make_env = envs.make_env  # what envs.make_run_env calls
@@ -799,13 +799,13 @@ def make_actor(config, extra):
 
 
 def zero_requests(actor, size):
-  """`size` valid requests of envs 0..size-1 with all-zero observations."""
+  """`size` valid requests of envs 0..size-1 with all-zero observations,
+  as an env worker sends them."""
   datas = []
   for i in range(size):
-    data = {k: np.zeros(s.shape, s.dtype) for k, s in actor.obs_space.items()}
-    data['is_first'] = np.bool_(True)
-    data['envid'] = np.int64(i)
-    datas.append(data)
+    obs = {k: np.zeros(s.shape, s.dtype) for k, s in actor.obs_space.items()}
+    obs['is_first'] = np.bool_(True)
+    datas.append(env_worker.request([obs], [i], False, single=True))
   return datas
 
 

@@ -13,13 +13,13 @@ it should grow with the batch only as much as the observation copy does.
 `--stages` splits `Actor.handle` (what the batch server calls per batch)
 into its stages by timing the real functions it calls, wrapped in place:
 
-  admit     checking each request and looking up its carry slot
-  stack     copying the rows into the padded batch (`stack_rows`)
+  admit     checking the requests, copying them into the padded batch,
+            giving out their carry slots (`BatchedPolicy.admit`)
   dispatch  the jitted step's call until it returns (flattening the params
             tree, copying the host arrays in, enqueueing)
   device    from there until its outputs are ready
-  fetch     copying the outputs to the host (`jax.device_get`)
-  rest      everything else in handle: slots and params lookup, the
+  fetch     copying the outputs to the host (`batched_policy.fetch`)
+  rest      everything else in handle: the params lookup, the
             transition dict, one reply per env, the `log/` keys
 
 next to the same handle with a null policy (a jitted step that returns
@@ -69,13 +69,12 @@ def measure(actor, repeats):
   return rows
 
 
-STAGES = ('admit', 'stack', 'dispatch', 'device', 'fetch', 'rest')
+STAGES = ('admit', 'dispatch', 'device', 'fetch', 'rest')
 
 
 def measure_stages(actor, repeats):
   """Median microseconds per stage of Actor.handle per bucket (see the
   module docstring), with the real policy and with the null one."""
-  from dreamer_ver.actor import actor as actor_module
   from dreamer_ver.actor import batched_policy
   from dreamer_ver.rpc.batch_requests import Request
   policy = actor.policy
@@ -93,15 +92,14 @@ def measure_stages(actor, repeats):
       return result
     return wrapped
 
-  originals = (actor_module.admit, batched_policy.stack_rows,
-               batched_policy.jax.device_get, policy.forward, policy._step)
+  originals = (policy.admit, batched_policy.fetch, policy.forward,
+               policy._step)
   real_step = policy._step
   null_step = _null_step(policy)
   rows = []
   try:
-    actor_module.admit = timed('admit', actor_module.admit)
-    batched_policy.stack_rows = timed('stack', batched_policy.stack_rows)
-    batched_policy.jax.device_get = timed('fetch', jax.device_get)
+    policy.admit = timed('admit', policy.admit)
+    batched_policy.fetch = timed('fetch', batched_policy.fetch)
     policy.forward = timed('dispatch', policy.forward, block=True)
     for label, step in (('policy', real_step), ('null', null_step)):
       policy._step = step
@@ -126,8 +124,8 @@ def measure_stages(actor, repeats):
             f'{name}_us': float(1e6 * np.median(values))
             for name, values in samples.items()}))
   finally:
-    (actor_module.admit, batched_policy.stack_rows,
-     batched_policy.jax.device_get, policy.forward, policy._step) = originals
+    (policy.admit, batched_policy.fetch, policy.forward,
+     policy._step) = originals
   return rows
 
 

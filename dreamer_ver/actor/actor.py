@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from dreamer_ver.actor.batched_policy import BatchedPolicy
-from dreamer_ver.actor.requests import admit
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
 from dreamer_ver.transitions import META, is_log
@@ -65,17 +64,17 @@ class Actor:
   def handle(self, requests):
     """Batch server handler: (one reply or exception per request, in order;
     the transitions for `post`, or None when no request was valid)."""
-    lane = self.lanes[requests[0].lane]  # A batch is cut from one lane.
-    replies, valid = admit(requests, self.obs_space, lane, self.policy.meta)
-    if not valid:
+    datas = [r.data for r in requests]
+    batch = self.policy.admit(datas, requests[0].lane)
+    replies = batch.errors
+    if not batch.valid:
       return replies, None
-    datas = [requests[i].data for i in valid]
-    trans = self.step(datas, requests[0].lane)
-    for row, i in enumerate(valid):
+    trans = self._run(batch, requests[0].lane)
+    for row, i in enumerate(batch.valid):
       reply = {k: trans[k][row] for k in self.agent.act_space}
       reply['reset'] = trans['is_last'][row]
       replies[i] = reply
-    return replies, (trans, _log_keys(datas))
+    return replies, (trans, _log_keys([datas[i] for i in batch.valid]))
 
   def post(self, requests, context):
     """Batch server postfn: ships the transitions of a served batch."""
@@ -84,18 +83,15 @@ class Actor:
       self.shipper.ship(*context)
 
   def step(self, datas, lane=0):
-    """Runs the policy of lane `lane` on a list of valid request dicts.
-    Returns the transitions of those rows: obs, actions, latents, envid,
-    is_eval and the params version that acted."""
-    obs, out, version = self.policy.run(datas, lane)
-    with self._lags_lock:
-      self._lags.append(self.params.version - version)
-    trans = {**obs, **out}
-    trans['envid'] = np.array([int(d['envid']) for d in datas], np.int64)
-    trans['is_eval'] = np.array(
-        [bool(d.get('is_eval', False)) for d in datas], bool)
-    trans['version'] = np.full((len(datas),), version, np.int64)
-    return trans
+    """Runs the policy of lane `lane` on a list of request dicts (raises
+    the first one's RequestError). Returns the transitions of those rows:
+    obs, actions, latents, envid, is_eval and the params version that
+    acted."""
+    batch = self.policy.admit(datas, lane)
+    for error in batch.errors:
+      if error is not None:
+        raise error
+    return self._run(batch, lane)
 
   def take_lags(self):
     """The policy lag of each batch served since the last call: how many
@@ -118,6 +114,17 @@ class Actor:
     return 2 * obs + margin
 
   # -------------------------------------------------------------- helpers
+
+  def _run(self, batch, lane):
+    out, version = self.policy.run(batch, lane)
+    with self._lags_lock:
+      self._lags.append(self.params.version - version)
+    n = len(batch.valid)
+    trans = {**{k: v[:n] for k, v in batch.obs.items()}, **out}
+    trans['envid'] = np.array(batch.envids, np.int64)
+    trans['is_eval'] = batch.meta['is_eval']
+    trans['version'] = np.full((n,), version, np.int64)
+    return trans
 
   def _policy_step(self, params, carry, obs, key):
     carry, acts, outs = self.agent.policy_step(

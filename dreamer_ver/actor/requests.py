@@ -12,6 +12,7 @@ the one caller that sent it learns what is wrong.
 import collections
 import itertools
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,7 +20,6 @@ from dreamer_ver.actor.carries import CarryFull
 from dreamer_ver.transitions import LOG_PREFIX
 
 MAX_ENVID = 2 ** 31 - 1
-BATCH_CHECK = 4  # rows from which checking a key at a time is cheaper
 
 
 class RequestError(ValueError):
@@ -67,93 +67,144 @@ def check_request(data, spec, envid=True, meta=None):
           f'{list(space.shape)}, got {value.dtype}{list(value.shape)}')
 
 
-def admit(requests, spec, lane=None, meta=None):
-  """Checks a batch's requests (`.data` dicts) against `spec`, floats
-  finite: returns one RequestError or None per request, and the indices of
-  the valid ones. With a carry `lane`, every valid request needs an env id
-  of its own in the batch and a carry slot of that lane (given out here)."""
-  datas = [request.data for request in requests]
-  errors = [None] * len(datas)
-  if len(datas) < BATCH_CHECK or not _all_fit(
-      datas, spec, lane is not None, meta or {}):
-    for i, data in enumerate(datas):  # Find the rows at fault.
+class Batch(NamedTuple):
+  """What `admit` makes of a batch's requests."""
+  errors: list  # one RequestError or None per request, in order
+  valid: list  # the indices of the requests without one
+  obs: dict  # key of the spec -> the valid rows, zero padded to a bucket
+  slots: np.ndarray  # their carry slots, padded with the lane's spare row
+  envids: list  # their env ids as ints (empty without a carry lane)
+  meta: dict  # meta key -> the valid rows' values (zeros where absent)
+
+
+def admit(datas, spec, buckets, lane=None, meta=None):
+  """Checks a batch's request dicts against `spec`, floats finite, and
+  copies the valid rows into one batch padded to the smallest of `buckets`
+  that holds them. With a carry `lane`, every valid request needs an env id
+  of its own in the batch and a carry slot of that lane (given out here).
+  Returns a Batch; its `obs` and `slots` are None when no row is valid."""
+  meta = meta or {}
+  n = len(datas)
+  errors = [None] * n
+  staged = _stage(datas, spec, lane is not None, meta, bucket_of(buckets, n))
+  if not staged:  # Find the rows at fault, each on its own.
+    for i, data in enumerate(datas):
       try:
         check_request(data, spec, lane is not None, meta)
       except RequestError as e:
         errors[i] = e
-  _check_finite(datas, errors, {**spec, **(meta or {})})
+    _check_finite(datas, errors, {**spec, **meta})
+  rows = [i for i, e in enumerate(errors) if e is None]
+  envids, slots = [], []
   if lane is not None:
-    rows = collections.defaultdict(list)
-    for i, data in enumerate(datas):
-      if errors[i] is None:
-        rows[int(data['envid'])].append(i)
-    with lane.lock:
-      for envid, indices in rows.items():
-        if len(indices) > 1:
-          for i in indices:
-            errors[i] = RequestError(
-                f'env id {envid} sent several requests in one batch; each '
-                'env may only have one request in flight')
-          continue
-        try:
-          lane.slot(envid)
-        except CarryFull as e:
-          errors[indices[0]] = RequestError(str(e))
-  return errors, [i for i, e in enumerate(errors) if e is None]
+    envids, slots = _give_slots(lane, rows, staged[1] if staged else [
+        int(datas[i]['envid']) for i in rows], errors)
+    rows = [i for i, e in enumerate(errors) if e is None]
+  if not rows:
+    return Batch(errors, rows, None, None, envids, {})
+  size = bucket_of(buckets, len(rows))
+  if staged and len(rows) == n:
+    columns = staged[0]
+  else:  # The rows that passed, stacked anew.
+    datas = [datas[i] for i in rows]
+    columns = {key: _column(_rows(datas, key, space), space,
+                            size if key in spec else len(datas))
+               for key, space in itertools.chain(spec.items(), meta.items())}
+  padded = np.full((size,), 0 if lane is None else lane.padding, np.int32)
+  padded[:len(slots)] = slots
+  return Batch(errors, rows, {k: columns[k] for k in spec}, padded, envids,
+               {k: v for k, v in columns.items() if k in meta})
 
 
-def _all_fit(datas, spec, envid, meta):
-  """Whether every row passes `check_request`, decided a key at a time over
-  the batch (the set of shapes and of dtypes per key; each distinct key
-  order checked once): a row at a time, the checks were most of a large
-  batch's host time (on a CPU, 3-4 us a row against 1-2). False means some
-  row may not: then each row is checked on its own, for its own error."""
+def _stage(datas, spec, envid, meta, size):
+  """Whether every row passes `check_request` with finite floats, decided a
+  key at a time over the batch as its rows are stacked: (key -> the rows
+  stacked, the spec's keys zero padded to `size`; the env ids as ints), or
+  None when some row may not pass. Row by row, the checks were most of a
+  large batch's host time on a CPU (3-4 us a row against 1-2)."""
   expected = spec.keys() | ({'envid'} if envid else set())
-  known = set()  # key orders that passed
-  for data in datas:
-    if type(data) is not dict:
-      return False
-    order = tuple(data)
-    if order not in known:
-      extra = data.keys() - expected
-      if len(data) - len(extra) != len(expected) or not all(
-          isinstance(k, str) and (k in meta or k.startswith(LOG_PREFIX))
-          for k in extra):
-        return False
-      known.add(order)
+  if set(map(type, datas)) != {dict}:
+    return None
+  for order in set(map(tuple, datas)):  # each distinct key order once
+    extra = set(order) - expected
+    if len(order) - len(extra) != len(expected) or not all(
+        isinstance(k, str) and (k in meta or k.startswith(LOG_PREFIX))
+        for k in extra):
+      return None
+  columns = {}
   try:
     for key, space in itertools.chain(spec.items(), meta.items()):
-      values = [d[key] for d in datas if key in d]
-      if (set(map(_SHAPE, values)) - {tuple(space.shape)}
-          or set(map(_DTYPE, values)) - {space.dtype}):
-        return False
-    if envid:
-      values = [d['envid'] for d in datas]
-      if set(map(_SHAPE, values)) - {()} or {
-          dtype.kind for dtype in map(_DTYPE, values)} - {'i', 'u'}:
-        return False
-      ids = list(map(int, values))  # numpy scalars compare 4x slower
-      return 0 <= min(ids) and max(ids) <= MAX_ENVID
-  except AttributeError:  # Values that are not numpy arrays or scalars.
-    return False
-  return True
+      values = [d[key] for d in datas] if key in spec else _rows(
+          datas, key, space)
+      if set(map(_DTYPE, values)) - {space.dtype}:
+        return None
+      column = columns[key] = _column(
+          values, space, size if key in spec else len(values))
+      if column.shape[1:] != tuple(space.shape) or (
+          column.dtype.kind == 'f' and not np.isfinite(column).all()):
+        return None
+    if not envid:
+      return columns, []
+    values = [d['envid'] for d in datas]
+    ids = np.array(values)
+    if ids.shape != (len(datas),) or any(  # (bools would pass as ints)
+        dtype.kind not in 'iu' for dtype in {ids.dtype, *map(_DTYPE, values)}):
+      return None
+    envids = ids.tolist()  # ints: numpy scalars compare 4x slower
+  except (AttributeError, ValueError):  # not arrays, or ragged
+    return None
+  if 0 <= min(envids) and max(envids) <= MAX_ENVID:
+    return columns, envids
+  return None
 
 
-_SHAPE, _DTYPE = operator.attrgetter('shape'), operator.attrgetter('dtype')
+def _give_slots(lane, rows, envids, errors):
+  """The env ids and carry slots of those of `rows` (with env ids
+  `envids`) that get one; the others get an error: their env id sent
+  several requests in the batch, or no slot is free for it."""
+  with lane.lock:
+    slots = list(map(lane.slot_of.get, envids))  # The common case.
+    if None not in slots and len(set(envids)) == len(envids):
+      return envids, slots
+    counts = collections.Counter(envids)
+    kept, slots = [], []
+    for i, envid in zip(rows, envids):
+      if counts[envid] > 1:
+        errors[i] = RequestError(
+            f'env id {envid} sent several requests in one batch; each '
+            'env may only have one request in flight')
+        continue
+      try:
+        slots.append(lane.slot(envid))
+        kept.append(envid)
+      except CarryFull as e:
+        errors[i] = RequestError(str(e))
+  return kept, slots
+
+
+_DTYPE = operator.attrgetter('dtype')
+
+
+def _rows(datas, key, space):
+  """Each row's value of `key`; zeros of `space` where a row has none."""
+  zero = np.zeros(space.shape, space.dtype)
+  return [d.get(key, zero) for d in datas]
+
+
+def _column(values, space, size):
+  """`values` (rows of `space`), then zero rows up to `size`, as one
+  array: the one copy of a batch's rows."""
+  padding = [np.zeros(space.shape, space.dtype)] * (size - len(values))
+  return np.array(values + padding, space.dtype)
 
 
 def _check_finite(datas, errors, spaces):
   """Sets a RequestError for each request still without one whose float
-  values are not all finite: one check per key over the batch's rows, then,
-  only if it fails, one per row to find the rows at fault."""
+  values are not all finite."""
   keys = [k for k, s in spaces.items() if np.issubdtype(s.dtype, np.floating)]
-  rows = [i for i, e in enumerate(errors) if e is None]
-  if all(np.isfinite(np.array([datas[i][key] for i in rows
-                               if key in datas[i]])).all() for key in keys):
-    return
-  for i in rows:
+  for i, data in enumerate(datas):
     for key in keys:
-      value = datas[i].get(key)
+      value = data.get(key) if errors[i] is None else None
       if value is not None and not np.isfinite(value).all():
         errors[i] = RequestError(f'key {key!r}: values must be finite')
         break
@@ -166,14 +217,3 @@ def bucket_of(buckets, count):
       return size
   raise RequestError(
       f'batch of {count} exceeds the largest bucket {buckets[-1]}')
-
-
-def stack_rows(datas, spec, size):
-  """One array per key of `spec` with the rows of `datas` first and zero
-  padding up to `size` rows: the one copy into the batch."""
-  batch = {}
-  for key, space in spec.items():
-    buf = np.zeros((size, *space.shape), space.dtype)
-    buf[:len(datas)] = [d[key] for d in datas]
-    batch[key] = buf
-  return batch

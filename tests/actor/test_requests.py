@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from dreamer_ver.actor.carries import CarryLane
 from dreamer_ver.actor.requests import RequestError, admit, check_request
-from dreamer_ver.rpc.batch_requests import Request
 
 S = jax.ShapeDtypeStruct
 SPEC = {'x': S((3,), np.float32), 'r': S((), np.float32), 'first': S((), bool)}
 META = {'is_eval': S((), bool), 'w': S((2,), np.float64)}
+BUCKETS = (1, 2, 4, 8, 16)
 
 
 def good(envid):
@@ -41,6 +41,16 @@ FAULTS = {  # how a row goes wrong (or stays right), by name
     'not a dict': lambda d: [d],
     'bytes key': lambda d: {**d, b'bogus': np.zeros(1)},  # msgpack's bin
     'int key': lambda d: {**d, 7: np.zeros(1)},  # an in-process caller's
+    # Rows that a stacked batch would take in silently, by promotion,
+    # broadcasting or byte order:
+    'half floats': lambda d: {**d, 'x': np.zeros(3, np.float16)},
+    'swapped bytes': lambda d: {**d, 'x': np.zeros(3, '>f4')},
+    'column': lambda d: {**d, 'x': np.zeros((3, 1), np.float32)},
+    'one float': lambda d: {**d, 'x': np.zeros(1, np.float32)},
+    'list': lambda d: {**d, 'x': [0.0, 1.0, 2.0]},
+    'bool envid': lambda d: {**d, 'envid': np.bool_(True)},
+    'vector envid': lambda d: {**d, 'envid': np.array([d['envid']])},
+    'int32 envid': lambda d: {**d, 'envid': np.int32(d['envid'])},  # fine
 }
 
 
@@ -81,12 +91,36 @@ ROW = st.tuples(st.integers(0, 6), st.sampled_from(
 @given(st.lists(ROW, min_size=1, max_size=12))
 def test_each_row_gets_the_error_it_gets_alone(rows):
   datas = [FAULTS[fault](good(envid)) for envid, fault in rows]
-  requests = [Request(conn=i, reqnum=0, data=d, arrival=0.0)
-              for i, d in enumerate(datas)]
   slots = 5
-  errors, valid = admit(requests, SPEC, CarryLane(0, (), slots), META)
+  lane = CarryLane(0, (), slots)
+  batch = admit(datas, SPEC, BUCKETS, lane, META)
   expected = reference(datas, slots)
-  assert valid == [i for i, e in enumerate(expected) if e is None]
-  for got, want in zip(errors, expected):
+  assert batch.valid == [i for i, e in enumerate(expected) if e is None]
+  for got, want in zip(batch.errors, expected):
     assert (got is None) == (want is None), (rows, got, want)
     assert want is None or str(got).startswith(want), (rows, got, want)
+  if batch.valid:  # The valid rows, stacked and padded, by value.
+    valid = [datas[i] for i in batch.valid]
+    size = min(b for b in BUCKETS if b >= len(valid))
+    for key, space in SPEC.items():
+      assert batch.obs[key].dtype == space.dtype
+      np.testing.assert_array_equal(batch.obs[key], np.array(
+          [d[key] for d in valid] + [np.zeros(space.shape)] * (
+              size - len(valid)), space.dtype))
+    assert batch.envids == [int(d['envid']) for d in valid]
+    assert batch.slots.tolist() == [lane.slot_of[e] for e in batch.envids] + [
+        lane.padding] * (size - len(valid))
+    np.testing.assert_array_equal(
+        batch.meta['is_eval'], [d.get('is_eval', False) for d in valid])
+  else:
+    assert batch.obs is None and batch.slots is None
+
+
+def test_a_full_batch_of_one_wrong_shape_is_refused_row_by_row():
+  # Alike rows fill a bucket without padding: nothing ragged to give them
+  # away, so only the batch's shape does.
+  for key, value in (('x', np.zeros(4, np.float32)), ('w', np.zeros(3))):
+    datas = [{**good(envid), key: value} for envid in range(4)]
+    batch = admit(datas, SPEC, BUCKETS, CarryLane(0, (), 5), META)
+    assert batch.valid == [] and batch.obs is None
+    assert all(f'key {key!r}: expected' in str(e) for e in batch.errors)
