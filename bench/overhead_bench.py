@@ -144,8 +144,9 @@ def _null_step(policy):
       obs = {k: np.zeros((size, *s.shape), s.dtype)
              for k, s in policy.spec.items()}
       slots = np.full((size,), lane.padding, np.int32)
-      lane.table, out = null(lane.table, slots, policy._params(lane)[0], obs,
-                             policy.key, np.uint32(0))
+      leaves = policy._leaves(lane, policy._params(lane)[0])
+      lane.table, out = null(lane.table, slots, leaves, obs, policy.key,
+                             np.uint32(0))
       jax.block_until_ready(out)
   return null
 

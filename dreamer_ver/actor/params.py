@@ -20,12 +20,19 @@ class ParamsStore:
     self._lock = threading.Lock()
     self._devices = tuple(jax.devices()[0] if d is None else d
                           for d in devices)
+    self._treedef = jax.tree.structure(params)
     self._copies = self._own(params)
     self._version = int(version)
 
   def publish(self, params, version):
     """Stores private copies: the learner's buffers are donated to the next
-    train step, so the actor must not hold on to them."""
+    train step, so the actor must not hold on to them. Raises ValueError
+    for params of another tree structure than the first (the policies that
+    read them are compiled for it)."""
+    if jax.tree.structure(params) != self._treedef:
+      raise ValueError(
+          f'published params are a {jax.tree.structure(params)}, the '
+          f'store holds a {self._treedef}')
     copies = self._own(params)
     with self._lock:
       self._copies, self._version = copies, int(version)

@@ -4,6 +4,7 @@ carries and keys give the same outputs, whatever the path does to be fast."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dreamer_ver.actor.batched_policy import BatchedPolicy
 from dreamer_ver.rpc.batch_requests import Request
@@ -52,3 +53,15 @@ def test_rows_with_a_value_that_is_not_finite_fail_alone():
   assert [r['y'] for r in (replies[0], replies[2])] == [6, 15]
   for bad in replies[1], replies[3]:
     assert str(bad) == "key 'x': values must be finite"
+
+
+def test_params_of_another_structure_are_refused_when_published():
+  policy = BatchedPolicy(lambda params, obs: {'y': obs['x'] * params['w']},
+                         {'x': ((), np.float32)}, params={'w': np.float32(2)},
+                         slots=2)
+  policy.update({'w': np.float32(3)}, 1)
+  request = Request(conn=0, reqnum=0, arrival=0.0, data={'x': np.float32(1)})
+  assert policy.handle([request])[0][0]['y'] == 3
+  with pytest.raises(ValueError, match='published params are'):
+    policy.update({'w': np.float32(4), 'b': np.float32(0)}, 2)
+  assert policy.handle([request])[0][0]['y'] == 3  # still the last good ones
