@@ -22,7 +22,6 @@ import time
 
 import numpy as np
 import portal
-from portal import packlib
 
 from . import auth, wire
 from .addresses import HANDSHAKE, bind_host, split_addr
@@ -270,7 +269,7 @@ class ServerSocket(portal.ServerSocket):
     """Sends a method's result; False if the caller got an error instead
     (the result could not be packed) or nothing (it is gone)."""
     try:
-      buffers = packlib.pack(packlib.tree_map(_contiguous, value))
+      buffers = wire.pack(value)
     except Exception as e:
       return self.send_error(addr, reqnum, 4,
                         f'Could not pack reply: {type(e).__name__}: {e}')
@@ -477,12 +476,6 @@ def _read_calls(conn, max_size, burst, budget=READ_BYTES):
 
 def _status(code):
   return code.to_bytes(8, 'little')
-
-
-def _contiguous(value):
-  if isinstance(value, np.ndarray) and not value.flags.c_contiguous:
-    return np.ascontiguousarray(value)
-  return value
 
 
 def _keep_alive(sock, idle, interval, probes, unacknowledged):
