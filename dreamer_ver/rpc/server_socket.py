@@ -191,9 +191,9 @@ class ServerSocket(portal.ServerSocket):
         if self._round:
           self._inbox.put(self._round)
           self._round = []
-        # Only those `send` queued for (a scan of every connection was a
-        # tenth of a 64-env server's time): taken out before the flush, so
-        # that a frame queued meanwhile (`send` appends, then adds) stays.
+        # Only those `send` queued for, not a scan of every connection on
+        # every wake: taken out before the flush, so that a frame queued
+        # meanwhile (`send` appends, then adds) stays.
         for conn in list(self._pending):
           self._pending.discard(conn)
           if self.conns.get(conn.addr) is conn:
