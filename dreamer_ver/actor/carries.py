@@ -50,7 +50,7 @@ class CarryLane:
     self.slots = int(slots)
     self.padding = self.slots  # the row that padding rows read and write
     self.slot_of = {}  # envid -> slot
-    self.params = self.leaves = None  # the policy's params, flattened
+    self.flat_params = None  # (the policy's params, their leaves)
     self.refused = 0  # requests of new env ids that found no free slot
     self.lock = threading.Lock()
 

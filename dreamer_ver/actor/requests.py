@@ -86,7 +86,9 @@ def admit(datas, spec, buckets, lane=None, meta=None):
   meta = meta or {}
   n = len(datas)
   errors = [None] * n
-  staged = _stage(datas, spec, lane is not None, meta, bucket_of(buckets, n))
+  # (A batch larger than every bucket may still hold few enough valid rows.)
+  staged = n <= max(buckets) and _stage(
+      datas, spec, lane is not None, meta, bucket_of(buckets, n))
   if not staged:  # Find the rows at fault, each on its own.
     for i, data in enumerate(datas):
       try:
@@ -151,7 +153,7 @@ def _stage(datas, spec, envid, meta, size):
         dtype.kind not in 'iu' for dtype in {ids.dtype, *map(_DTYPE, values)}):
       return None
     envids = ids.tolist()  # ints: numpy scalars compare 4x slower
-  except (AttributeError, ValueError):  # not arrays, or ragged
+  except (AttributeError, TypeError, ValueError):  # not arrays, or ragged
     return None
   if 0 <= min(envids) and max(envids) <= MAX_ENVID:
     return columns, envids

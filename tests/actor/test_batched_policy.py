@@ -1,12 +1,15 @@
 """BatchedPolicy's host path against a plain reference: the same rows,
 carries and keys give the same outputs, whatever the path does to be fast."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dreamer_ver.actor.batched_policy import BatchedPolicy
+from dreamer_ver.actor.carries import CarryLane
 from dreamer_ver.rpc.batch_requests import Request
 
 SEED = 3
@@ -65,3 +68,35 @@ def test_params_of_another_structure_are_refused_when_published():
   with pytest.raises(ValueError, match='published params are'):
     policy.update({'w': np.float32(4), 'b': np.float32(0)}, 2)
   assert policy.handle([request])[0][0]['y'] == 3  # still the last good ones
+
+
+def test_params_and_their_leaves_stay_a_pair_when_threads_interleave():
+  """A batch's thread and another flattening older params at the same
+  time (the output spec is read without the lane's lock): however their
+  writes interleave, the next batch runs the newest params."""
+  policy = BatchedPolicy(lambda params, obs: {'y': obs['x'] * params['w']},
+                         {'x': ((), np.float32)}, params={'w': np.float32(0)},
+                         slots=1)
+  lane = policy.lanes[0]
+  old = policy._params(lane)[0]
+  policy.update({'w': np.float32(2)}, 1)
+  new = policy._params(lane)[0]
+  wrote, resume = threading.Event(), threading.Event()
+
+  class Paused(CarryLane):  # Thread A stops after its first write.
+    def __setattr__(self, key, value):
+      object.__setattr__(self, key, value)
+      if threading.current_thread().name == 'A' and not wrote.is_set():
+        wrote.set()
+        resume.wait(10)
+
+  lane.__class__ = Paused
+  thread = threading.Thread(target=policy._leaves, args=(lane, new), name='A')
+  thread.start()
+  assert wrote.wait(10)
+  policy._leaves(lane, old)
+  resume.set()
+  thread.join(10)
+  lane.__class__ = CarryLane
+  out, version = policy.run(policy.admit([{'x': np.float32(1)}]), 0)
+  assert version == 1 and out['y'].tolist() == [2]

@@ -124,3 +124,20 @@ def test_a_full_batch_of_one_wrong_shape_is_refused_row_by_row():
     batch = admit(datas, SPEC, BUCKETS, CarryLane(0, (), 5), META)
     assert batch.valid == [] and batch.obs is None
     assert all(f'key {key!r}: expected' in str(e) for e in batch.errors)
+
+
+def test_a_batch_larger_than_every_bucket_serves_the_valid_rows_that_fit():
+  datas = [good(envid) for envid in range(4)] + [
+      {**good(4), 'r': np.float32(np.nan)}]
+  batch = admit(datas, SPEC, (1, 2, 4), CarryLane(0, (), 5), META)
+  assert batch.valid == [0, 1, 2, 3] and batch.obs['x'].shape == (4, 3)
+  assert 'finite' in str(batch.errors[4])
+
+
+def test_a_value_with_an_unhashable_dtype_fails_its_row_alone():
+  class Odd:  # An in-process caller's object that only looks like an array.
+    dtype, shape = [], ()
+  datas = [good(envid) for envid in range(3)] + [{**good(3), 'r': Odd()}]
+  batch = admit(datas, SPEC, BUCKETS, CarryLane(0, (), 5), META)
+  assert batch.valid == [0, 1, 2]
+  assert "key 'r': expected float32[]" in str(batch.errors[3])
