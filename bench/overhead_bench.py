@@ -1,8 +1,8 @@
 """Per-batch host overhead of the actor, per padded bucket.
 
-For each bucket size, times the actor's whole step as the batch server calls
-it (stack the observations on the host, look up the carry slots, run the
-jitted gather/policy/scatter, copy actions out) next to the bare jitted
+For each bucket size, times the actor's whole step (admit the rows into
+the padded batch with their carry slots, run the jitted
+gather/policy/scatter, copy actions out) next to the bare jitted
 step on inputs already on the device. The difference is the host's share;
 it should grow with the batch only as much as the observation copy does.
 
