@@ -116,6 +116,7 @@ class Actor:
   # -------------------------------------------------------------- helpers
 
   def _run(self, batch, lane):
+    """The transitions of an admitted batch's valid rows (see `step`)."""
     out, version = self.policy.run(batch, lane)
     with self._lags_lock:
       self._lags.append(self.params.version - version)
