@@ -79,15 +79,15 @@ class Batch(NamedTuple):
 
 def admit(datas, spec, buckets, lane=None, meta=None):
   """Checks a batch's request dicts against `spec`, floats finite, and
-  copies the valid rows into one batch padded to the smallest of `buckets`
-  that holds them. With a carry `lane`, every valid request needs an env id
+  copies the valid rows into one batch padded to the smallest of the
+  sorted `buckets` that holds them. With a carry `lane`, every valid request needs an env id
   of its own in the batch and a carry slot of that lane (given out here).
   Returns a Batch; its `obs` and `slots` are None when no row is valid."""
   meta = meta or {}
   n = len(datas)
   errors = [None] * n
   # (A batch larger than every bucket may still hold few enough valid rows.)
-  staged = n <= max(buckets) and _stage(
+  staged = n <= buckets[-1] and _stage(
       datas, spec, lane is not None, meta, bucket_of(buckets, n))
   if not staged:  # Find the rows at fault, each on its own.
     for i, data in enumerate(datas):
@@ -205,8 +205,10 @@ def _check_finite(datas, errors, spaces):
   values are not all finite."""
   keys = [k for k, s in spaces.items() if np.issubdtype(s.dtype, np.floating)]
   for i, data in enumerate(datas):
+    if errors[i] is not None:
+      continue
     for key in keys:
-      value = data.get(key) if errors[i] is None else None
+      value = data.get(key)
       if value is not None and not np.isfinite(value).all():
         errors[i] = RequestError(f'key {key!r}: values must be finite')
         break
