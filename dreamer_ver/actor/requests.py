@@ -80,9 +80,10 @@ class Batch(NamedTuple):
 def admit(datas, spec, buckets, lane=None, meta=None):
   """Checks a batch's request dicts against `spec`, floats finite, and
   copies the valid rows into one batch padded to the smallest of the
-  sorted `buckets` that holds them. With a carry `lane`, every valid request needs an env id
-  of its own in the batch and a carry slot of that lane (given out here).
-  Returns a Batch; its `obs` and `slots` are None when no row is valid."""
+  sorted `buckets` that holds them. With a carry `lane`, every valid
+  request needs an env id of its own in the batch and a carry slot of that
+  lane (given out here). Returns a Batch; its `obs` and `slots` are None
+  when no row is valid."""
   meta = meta or {}
   n = len(datas)
   errors = [None] * n
