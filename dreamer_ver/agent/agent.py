@@ -151,9 +151,11 @@ class Agent:
     reset = obs['is_first'].astype(bool)
     tokens = self.enc.apply({'params': params['enc']}, obs, 1)
     prev = rssm.embed_action(self.act_space, carry['action'])
-    state, feat = self.dyn.apply(
-        {'params': params['dyn']}, self._rssm_carry(carry), prev, tokens,
-        reset, dyn_key, method=self.dyn.obs_step)
+    dyn = lambda method, *args: self.dyn.apply(
+        {'params': params['dyn']}, *args, method=method)
+    inputs = dyn(self.dyn.obs_inputs, prev, tokens, reset)
+    state, feat = dyn(self.dyn.obs_step, self._rssm_carry(carry), inputs,
+                      reset, dyn_key)
     policy = self.pol.apply({'params': params['pol']}, self._featvec(feat))
     if mode == 'greedy':
       act = {k: d.mode() for k, d in policy.items()}
@@ -302,18 +304,19 @@ class Agent:
     """Posterior rollout over [B, T] observations from carry `start`."""
     tokens = self.enc.apply({'params': params['enc']}, obs, 2)
     act = rssm.embed_action(self.act_space, prevact)
+    reset = obs['is_first'].astype(bool)
     T = tokens.shape[1]
+    dyn = lambda method, *args: self.dyn.apply(
+        {'params': params['dyn']}, *args, method=method)
+    # The products of the actions and tokens, over all B x T rows at once.
+    inputs = dyn(self.dyn.obs_inputs, act, tokens, reset)
 
-    def step(carry, inputs):
-      act_t, tok_t, reset_t, key_t = inputs
-      return self.dyn.apply(
-          {'params': params['dyn']}, carry, act_t, tok_t, reset_t, key_t,
-          method=self.dyn.obs_step)
+    def step(carry, xs):
+      return dyn(self.dyn.obs_step, carry, *xs)
 
     swap = lambda x: jnp.swapaxes(x, 0, 1)
-    inputs = (swap(act), swap(tokens), swap(obs['is_first'].astype(bool)),
-              jax.random.split(key, T))
-    carry, feat = jax.lax.scan(step, start, inputs, unroll=self.unroll)
+    xs = (jax.tree.map(swap, inputs), swap(reset), jax.random.split(key, T))
+    carry, feat = jax.lax.scan(step, start, xs, unroll=self.unroll)
     return carry, jax.tree.map(swap, feat)
 
   def _imagine(self, params, start, key):

@@ -74,6 +74,18 @@ class Linear(nn.Module):
     x = x + bias.astype(self.dtype)
     return x.reshape((*x.shape[:-1], *shape))
 
+  def rows(self, x, start, bias=False):
+    """x [..., w] times the kernel's rows start..start+w (+ the bias): what
+    a slice of a concatenated input adds to the layer's product, so that
+    the slices can be multiplied apart (at other times, over more rows).
+    Reads the parameters `__call__` made; for a flat `units` only."""
+    kernel = self.get_variable('params', 'kernel')
+    x = x.astype(self.dtype) @ kernel[start:start + x.shape[-1]].astype(
+        self.dtype)
+    if bias:
+      x = x + self.get_variable('params', 'bias').astype(self.dtype)
+    return x
+
 
 def block_product(x, kernel):
   """[..., g, i] x [g, i, o] -> [..., g * o]: one product per block.
@@ -97,37 +109,52 @@ def block_product(x, kernel):
 class BlockLinear(nn.Module):
   """Block-diagonal dense layer: `blocks` independent groups.
 
-  `x` [..., blocks * i] is cut into blocks; each block's output sees only
-  its own slice, plus `shared` [..., s] when given: every block sees all of
-  it, as if it were concatenated to each slice (the RSSM core's input). The
-  kernel [blocks, i + s, out / blocks] has the shared rows last; they are
-  applied as one dense product, so the blocks' copies of `shared` are never
-  made. The kernel is initialised with the whole input size as fan-in
-  (upstream's rule for rank-3 kernels), so each block starts sqrt(blocks)
-  smaller than a dense layer of its own size.
+  `x` [..., inputs] is cut into blocks; each block's output sees only its
+  own slice, plus a `shared` input [..., shared] when the layer has one:
+  every block sees all of it, as if it were concatenated to each slice
+  (the RSSM core's input). The kernel [blocks, inputs / blocks + shared,
+  units / blocks] has the shared rows last; `share` applies them as one
+  dense product (of all of the shared input or of a slice of its
+  columns), so the blocks' copies of it are never made. The kernel is
+  initialised with the whole input size as fan-in (upstream's rule for
+  rank-3 kernels), so each block starts sqrt(blocks) smaller than a dense
+  layer of its own size.
   """
   units: int
   blocks: int
+  inputs: int
+  shared: int = 0
   outscale: float = 1.0
   dtype: jnp.dtype = f32
 
-  @nn.compact
-  def __call__(self, x, shared=None):
+  def setup(self):
     g = self.blocks
-    assert x.shape[-1] % g == 0 and self.units % g == 0, (x.shape, self)
-    own = x.shape[-1] // g
-    width = 0 if shared is None else shared.shape[-1]
-    kernel = self.param(
+    assert self.inputs % g == 0 and self.units % g == 0, self
+    self.kernel = self.param(
         'kernel', trunc_normal_in(self.outscale, fan_axes=(0, 1)),
-        (g, own + width, self.units // g))
-    bias = self.param('bias', nn.initializers.zeros, (self.units,))
-    kernel = kernel.astype(self.dtype)
+        (g, self.inputs // g + self.shared, self.units // g))
+    self.bias = self.param('bias', nn.initializers.zeros, (self.units,))
+
+  def __call__(self, x, shared=None):
+    """x [..., inputs] -> [..., units]; `shared`: the shared input's
+    product (`share`, summed over its slices), None for none."""
+    g = self.blocks
+    own = self.inputs // g
+    kernel = self.kernel.astype(self.dtype)
     x = x.astype(self.dtype).reshape((*x.shape[:-1], g, own))
     out = block_product(x, kernel[:, :own])
     if shared is not None:
-      wide = kernel[:, own:].transpose((1, 0, 2)).reshape((width, self.units))
-      out = out + shared.astype(self.dtype) @ wide
-    return out + bias.astype(self.dtype)
+      out = out + shared
+    return out + self.bias.astype(self.dtype)
+
+  def share(self, part, start=0):
+    """The shared input's columns start..start+w (`part` [..., w]) times
+    their rows of the kernel: what they add to every block's output."""
+    own, width = self.inputs // self.blocks, part.shape[-1]
+    assert start + width <= self.shared, (start, width, self)
+    rows = self.kernel[:, own + start:own + start + width]
+    wide = rows.transpose((1, 0, 2)).reshape((width, self.units))
+    return part.astype(self.dtype) @ wide.astype(self.dtype)
 
 
 class Conv2D(nn.Module):
@@ -168,16 +195,24 @@ class Norm(nn.Module):
 
 
 class Dense(nn.Module):
-  """Linear -> Norm -> activation, DreamerV3's hidden layer."""
+  """Linear -> Norm -> activation, DreamerV3's hidden layer. `linear` and
+  `finish` apart let a caller sum the products of a split input first
+  (`Linear.rows`)."""
   units: int
   act: str = 'silu'
   norm: str = 'rms'
   dtype: jnp.dtype = f32
 
-  @nn.compact
+  def setup(self):
+    self.linear = Linear(self.units, dtype=self.dtype)
+    self.normalize = Norm(self.norm, name='norm')
+
   def __call__(self, x):
-    x = Linear(self.units, dtype=self.dtype, name='linear')(x)
-    return ACTIVATIONS[self.act](Norm(self.norm, name='norm')(x))
+    return self.finish(self.linear(x))
+
+  def finish(self, x):
+    """The norm and activation of the layer's product `x`."""
+    return ACTIVATIONS[self.act](self.normalize(x))
 
 
 class MLP(nn.Module):

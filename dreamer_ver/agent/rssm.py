@@ -111,14 +111,17 @@ class RSSM(nn.Module):
     dense = lambda name: nets.Dense(
         self.hidden, self.act, self.norm, self.dtype, name=name)
     self.dynin = [dense(f'dynin{i}') for i in range(3)]
+    # The first hidden layer's shared input: [dynin0, dynin1, dynin2].
     self.dynhid = [
-        nets.BlockLinear(self.deter, self.blocks, dtype=self.dtype,
+        nets.BlockLinear(self.deter, self.blocks, self.deter,
+                         3 * self.hidden if i == 0 else 0, dtype=self.dtype,
                          name=f'dynhid{i}') for i in range(self.dynlayers)]
     self.dynhid_norm = [
         nets.Norm(self.norm, name=f'dynhid{i}norm')
         for i in range(self.dynlayers)]
     self.dyngru = nets.BlockLinear(
-        3 * self.deter, self.blocks, dtype=self.dtype, name='dyngru')
+        3 * self.deter, self.blocks, self.deter, dtype=self.dtype,
+        name='dyngru')
     self.prior_layers = [dense(f'prior{i}') for i in range(self.imglayers)]
     self.obs_layers = [dense(f'obs{i}') for i in range(self.obslayers)]
     logit = lambda name: nets.Linear(
@@ -134,16 +137,26 @@ class RSSM(nn.Module):
   def dist(self, logits):
     return dists.OneHot(logits, self.unimix, event_dims=1)
 
+  def action_share(self, action):
+    """The embedded action's part of the core's first hidden layer:
+    dynin2 and its rows of the shared product ([*B, deter])."""
+    return self.dynhid[0].share(self.dynin[2](action), 2 * self.hidden)
+
   def core(self, deter, stoch, action):
     """One block-GRU step; `action` is the embedded action vector."""
+    return self._core(deter, stoch, self.action_share(action))
+
+  def _core(self, deter, stoch, action_share):
+    """`core` from the action's part of it (`action_share`)."""
     g = self.blocks
     stoch = stoch.reshape((*stoch.shape[:-2], -1))
-    inputs = jnp.concatenate([
-        self.dynin[0](deter), self.dynin[1](stoch), self.dynin[2](action)], -1)
+    inputs = jnp.concatenate(
+        [self.dynin[0](deter), self.dynin[1](stoch)], -1)
     # Every deter block sees its own slice of deter plus all of the inputs.
     x = deter
     for i, (layer, norm) in enumerate(zip(self.dynhid, self.dynhid_norm)):
-      x = nets.ACTIVATIONS[self.act](norm(layer(x, inputs if i == 0 else None)))
+      shared = layer.share(inputs) + action_share if i == 0 else None
+      x = nets.ACTIVATIONS[self.act](norm(layer(x, shared)))
     x = self.dyngru(x).reshape((*deter.shape[:-1], g, 3, -1))
     old = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
     # The gates block by block: XLA:CPU runs the same gates over all blocks
@@ -163,21 +176,40 @@ class RSSM(nn.Module):
       x = layer(x)
     return self.prior_logit(x)
 
-  def posterior(self, deter, tokens):
-    x = tokens if self.absolute else jnp.concatenate(
-        [deter, tokens.astype(deter.dtype)], -1)
-    for layer in self.obs_layers:
-      x = layer(x)
+  def obs_inputs(self, action, tokens, reset):
+    """What posterior steps read that does not depend on the recurrence,
+    for any number of steps at once ([*B, ...]): the action's part of the
+    core (zero actions where `reset`) and the tokens' part of the
+    posterior (its first layer's product of the tokens' rows, or with
+    `absolute` the whole posterior). A layer on a concatenation is the sum
+    of its slices' products, so `obs_step` from these is the posterior step
+    from [deter, tokens] with the same parameters, while the products run
+    once over all steps' rows instead of inside the scan."""
+    action = jnp.where(reset[..., None], 0, action)
+    if self.absolute:
+      posterior = self._posterior_layers(tokens)
+    else:
+      first = self.obs_layers[0]
+      posterior = first.linear.rows(tokens, self.deter, bias=True)
+    return {'action': self.action_share(action), 'posterior': posterior}
+
+  def _posterior_layers(self, x, first=None):
+    """The posterior's layers and logits on `x`; `first`: the first layer's
+    product from its other rows, added before its norm."""
+    for i, layer in enumerate(self.obs_layers):
+      x = layer(x) if i or first is None else layer.finish(
+          layer.linear.rows(x, 0) + first)
     return self.obs_logit(x)
 
-  def obs_step(self, carry, action, tokens, reset, key):
-    """Posterior step. Rows with `reset` start from zeros (new episode)."""
+  def obs_step(self, carry, inputs, reset, key):
+    """Posterior step from `obs_inputs`. Rows with `reset` start from
+    zeros (new episode)."""
     keep = (~reset)[:, None]
     deter = jnp.where(keep, carry['deter'], 0)
     stoch = jnp.where(keep[..., None], carry['stoch'], 0)
-    action = jnp.where(keep, action, 0)
-    deter = self.core(deter, stoch, action)
-    logit = self.posterior(deter, tokens)
+    deter = self._core(deter, stoch, inputs['action'])
+    logit = inputs['posterior'] if self.absolute else self._posterior_layers(
+        deter, first=inputs['posterior'])
     stoch = self.dist(logit).sample(key).astype(self.dtype)
     carry = dict(deter=deter, stoch=stoch)
     return carry, dict(deter=deter, stoch=stoch, logit=logit)
@@ -192,7 +224,11 @@ class RSSM(nn.Module):
 
   def __call__(self, carry, action, tokens, reset, key):
     """Touches every submodule; used only to initialise parameters."""
-    carry, _ = self.obs_step(carry, action, tokens, reset, key)
+    if not self.absolute:  # the posterior's first layer at its full width
+      self.obs_layers[0](jnp.concatenate(
+          [carry['deter'], tokens.astype(carry['deter'].dtype)], -1))
+    inputs = self.obs_inputs(action, tokens, reset)
+    carry, _ = self.obs_step(carry, inputs, reset, key)
     carry, feat = self.img_step(carry, action, key)
     return self.prior(feat['deter'])
 
@@ -244,8 +280,8 @@ class Decoder(nn.Module):
       depths = [self.depth * m for m in self.mults]
       shape = (*minres, depths[-1])
       g = self.bspace
-      x0 = nets.BlockLinear(math.prod(shape), g, dtype=self.dtype,
-                            name='sp0')(deter)
+      x0 = nets.BlockLinear(math.prod(shape), g, deter.shape[-1],
+                            dtype=self.dtype, name='sp0')(deter)
       # Each block of deter paints its own slice of channels.
       x0 = x0.reshape((-1, g, *minres, depths[-1] // g))
       x0 = x0.transpose((0, 2, 3, 1, 4)).reshape((-1, *shape))

@@ -69,7 +69,7 @@ def test_block_linear_fan_in_is_the_whole_input():
   # Upstream's Initializer.compute_fans for a kernel [blocks, in / blocks,
   # out / blocks] gives fan_in = blocks * in / blocks = in.
   key = jax.random.PRNGKey(0)
-  layer = nets.BlockLinear(1024, 8)
+  layer = nets.BlockLinear(1024, 8, 2048)
   kernel = layer.init(key, jnp.zeros((1, 2048)))['params']['kernel']
   assert kernel.shape == (8, 256, 128)
   assert float(kernel.std()) == pytest.approx(1 / np.sqrt(2048), rel=0.05)

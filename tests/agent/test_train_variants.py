@@ -1,13 +1,20 @@
 """The learner's speed variants change no number the agent learns: K updates
-fused into one compiled call (`train_many`), and unrolled scans
-(`agent.scan_unroll`), each against K plain `train` calls from the same
-state, carry and batches, in float32 on the CPU."""
+fused into one compiled call (`train_many`), unrolled scans
+(`agent.scan_unroll`), and the observe scan with the products of its
+actions and tokens made beforehand, each against plain `train` calls of
+the straightforward version from the same state, carry and batches, in
+float32 on the CPU."""
 
+import functools
+
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dreamer_ver.agent import agent as agentlib
+from dreamer_ver.agent import rssm
 from helpers.agent import make_batch, small_config, vector_spaces
 
 K = 3
@@ -67,3 +74,90 @@ def test_unrolled_scans_give_the_plain_updates(reference):
   agent = agentlib.Agent(*vector_spaces(),
                          small_config(**{'agent.scan_unroll': 4}))
   assert_close(plain_updates(agent, batches), want)
+
+
+def observe_in_scan(agent, params, start, obs, prevact, key):
+  """`Agent._observe` as each step computed it for itself before the
+  products of the actions and tokens left the scan: the step embeds its
+  action (zero where an episode starts), runs the core on it and the
+  posterior on [deter, tokens] (the tokens alone with `absolute`)."""
+  dyn = agent.dyn
+  tokens = agent.enc.apply({'params': params['enc']}, obs, 2)
+  act = rssm.embed_action(agent.act_space, prevact)
+
+  def step(module, carry, act, tok, reset, key):
+    keep = (~reset)[:, None]
+    deter = jnp.where(keep, carry['deter'], 0)
+    stoch = jnp.where(keep[..., None], carry['stoch'], 0)
+    deter = module.core(deter, stoch, jnp.where(keep, act, 0))
+    x = tok if module.absolute else jnp.concatenate([deter, tok], -1)
+    for layer in module.obs_layers:
+      x = layer(x)
+    logit = module.obs_logit(x)
+    stoch = module.dist(logit).sample(key).astype(module.dtype)
+    carry = dict(deter=deter, stoch=stoch)
+    return carry, dict(deter=deter, stoch=stoch, logit=logit)
+
+  apply = functools.partial(nn.apply(step, dyn), {'params': params['dyn']})
+  swap = lambda x: jnp.swapaxes(x, 0, 1)
+  xs = (swap(act), swap(tokens), swap(obs['is_first'].astype(bool)),
+        jax.random.split(key, tokens.shape[1]))
+  carry, feat = jax.lax.scan(lambda c, x: apply(c, *x), start, xs)
+  return carry, jax.tree.map(swap, feat)
+
+
+def assert_close_to_scale(got, want, fraction):
+  """Every number within `fraction` of the largest of its array."""
+  np.testing.assert_equal(jax.tree.structure(got), jax.tree.structure(want))
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    y = np.asarray(y, np.float64)
+    np.testing.assert_allclose(np.asarray(x, np.float64), y, rtol=0,
+                               atol=fraction * np.abs(y).max())
+
+
+@pytest.mark.parametrize('absolute', [False, True])
+def test_products_taken_out_of_the_observe_scan_change_no_number(absolute):
+  # The scan's step gets the products of the actions and tokens made over
+  # all rows beforehand (`RSSM.obs_inputs`): the same parameters, losses,
+  # gradients and update, up to the order of float32 sums (measured: the
+  # gradients within 6e-7 of each array's largest). Episodes start
+  # mid-batch, so the zeroed actions are compared too.
+  config = small_config(**{'agent.rssm.absolute': absolute,
+                            'agent.opt.warmup': 0})  # a first step > 0
+  agent, before = (agentlib.Agent(*vector_spaces(), config) for _ in range(2))
+  before._observe = functools.partial(observe_in_scan, before)
+  T = config.batch_length + agent.context
+  batch = make_batch(agent, 4, T, 0)
+  batch['is_first'][1, T // 2] = batch['is_first'][2, 3] = True
+
+  def loss_grads_update(agent):
+    params = agent.init_params(0)
+    state = agent.init_state(params, 0)
+    start, obs, prevact, _ = agent._split_context(agent.init_carry(4), batch)
+    loss = jax.jit(jax.value_and_grad(agent._loss, has_aux=True))
+    (value, aux), grads = loss(
+        params, state['slowval'], state['retnorm'], start, obs, prevact,
+        jax.random.PRNGKey(1))
+    updates, _ = agent.opt.update(grads, state['opt'], params)
+    return jax.device_get((value, aux['losses'], grads, updates))
+
+  value, losses, grads, updates = loss_grads_update(agent)
+  want_value, want_losses, want_grads, want_updates = loss_grads_update(
+      before)
+  np.testing.assert_allclose(value, want_value, rtol=1e-6)
+  assert_close_to_scale(losses, want_losses, 1e-5)
+  assert_close_to_scale(grads, want_grads, 1e-5)
+  changed = ('dynin2', 'dynhid0', 'obs0', 'obslogit')  # what the split reads
+  assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(
+      {k: grads['dyn'][k] for k in changed}))
+  # The update: this optimizer's first step moves each param by about its
+  # learning rate times the sign of its gradient, so 1 % of it apart
+  # means the same step. A gradient within rounding of 0 may take either
+  # sign, so those under 1e-4 of their array's largest are left out.
+  lr = config.agent.opt.lr
+  np.testing.assert_equal(jax.tree.structure(updates),
+                          jax.tree.structure(want_updates))
+  for x, y, g in zip(*map(jax.tree.leaves, (updates, want_updates, grads))):
+    clear = np.abs(g) > 1e-4 * np.abs(g).max()
+    np.testing.assert_allclose(x[clear], y[clear], rtol=0, atol=0.01 * lr)
+  assert np.abs(updates['dyn']['obs0']['linear']['kernel']).max() > lr / 2
