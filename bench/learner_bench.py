@@ -40,10 +40,10 @@ checkout; `--upstream_site`: the folder `bench/upstream.py` installed
 upstream's extra packages into) and reports ours / upstream in updates
 per second (`speedup_vs_upstream`, each variant's own).
 
-Our process keeps the memory it frees, as the runtime does
-(`jax.keep_freed_memory`, `--no-keep_freed_memory` to compare); upstream
-runs as shipped unless `--upstream_keep_freed_memory` applies the same
-setting to it.
+Our process runs on the host allocator the runtime gives a CPU process
+(`jax.malloc`: mimalloc; `--malloc` to compare, the bench starts again
+with it); upstream runs as shipped (glibc) unless `--upstream_malloc`
+gives it another.
 
 `--profile` traces a few base updates per configuration and adds the
 ops that took the most time (`profile`: device ops where the trace has a
@@ -73,9 +73,11 @@ import numpy as np
 
 import upstream as upstreamlib
 from dreamer_ver import config as configlib
+from dreamer_ver.validation import CHOICES
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.cluster import devices
 
+MALLOCS = CHOICES['jax.malloc']
 OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
 ACT = (6,)
 
@@ -145,6 +147,35 @@ def flops(eqn):
 
 def total_flops(ops):
   return sum(count * flops(eqn) for eqn, count in ops.values())
+
+
+# HLO instructions that launch nothing: they name or regroup buffers.
+NO_LAUNCH = ('parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast')
+
+
+def scan_body_ops(hlo):
+  """The ops in each while loop's body of optimized HLO text, what a GPU
+  launches per trip (a fusion is one op; a nested loop counts as one, its
+  body apart): [[trip count, ops]] in the order the loops appear."""
+  bodies, name = {}, None
+  for line in hlo.splitlines():
+    head = re.match(r'(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
+    if head and not line.startswith(' '):
+      name = head[1]
+      bodies[name] = []
+      continue
+    op = re.match(r'\s+(?:ROOT )?%?[\w.\-]+ = (?:\(.*?\)|\S+) '
+                  r'([\w\-]+)\(', line)
+    if name and op:
+      bodies[name].append(op[1])
+  loops = []
+  for line in hlo.splitlines():
+    if ' while(' in line:
+      body = re.search(r'body=%?([\w.\-]+)', line)[1]
+      trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+      ops = [op for op in bodies[body] if op not in NO_LAUNCH]
+      loops.append([int(trip[1]) if trip else None, len(ops)])
+  return loops
 
 
 def product_seconds(eqn, copies=8, calls=3):
@@ -292,17 +323,18 @@ class Upstream:
   rounds."""
 
   def __init__(self, src, site, size, dtype, batch, length, steps,
-               keep_freed_memory=False):
+               malloc='glibc'):
     script = Path(__file__).with_name('upstream_learner.py')
     backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
+    env = {k: v for k, v in upstreamlib.environ(src, site).items()
+           if k not in devices.MALLOC_VARS}  # not ours: its own
     self.proc = subprocess.Popen(
         [sys.executable, str(script), src, size, dtype, str(batch),
-         str(length), str(steps), backend]
-        + (['--keep_freed_memory'] if keep_freed_memory else []),
+         str(length), str(steps), backend],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True,
         stderr=subprocess.DEVNULL if backend == 'cpu' else None,
-        env={**upstreamlib.environ(src, site), 'JAX_PLATFORMS': backend})
+        env={**env, **devices.malloc_env(malloc), 'JAX_PLATFORMS': backend})
 
   def ready(self):
     """Waits for the compile; RuntimeError if upstream failed."""
@@ -344,19 +376,18 @@ def main():
   parser.add_argument('--floor', action=argparse.BooleanOptionalAction,
                       default=True, help='time the matmul floor (one '
                       'compile per product: minutes on a GPU)')
-  parser.add_argument('--keep_freed_memory', default=True,
-                      action=argparse.BooleanOptionalAction,
-                      help="glibc keeps freed memory, as the runtime's "
-                      'jax.keep_freed_memory (default) does')
-  parser.add_argument('--upstream_keep_freed_memory', action='store_true',
-                      help='upstream too (it does not by itself)')
+  parser.add_argument('--malloc', default='mimalloc', choices=MALLOCS,
+                      help="our host allocator, as the runtime's jax.malloc")
+  parser.add_argument('--upstream_malloc', default='glibc', choices=MALLOCS,
+                      help="upstream's (glibc: as shipped)")
   parser.add_argument('--profile', action='store_true',
                       help='the top ops of a traced base update')
   parser.add_argument('--out', default='',
                       help='JSON results, rewritten after every round')
   args = parser.parse_args()
-  if args.keep_freed_memory and devices.runs_on_cpu(''):  # as the runtime
-    devices.keep_freed_memory()  # before JAX's backend starts its threads
+  restart = devices.malloc_restart_env(args.malloc, '', os.environ)
+  if restart:  # as the runtime's command line does
+    os.execve(sys.executable, sys.orig_argv, restart)
   # As the runtime (jax.prealloc False), and so that upstream's processes
   # find room beside ours on a GPU.
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
@@ -370,7 +401,7 @@ def main():
     for dtype in args.dtypes:
       upstream[size, dtype] = Upstream(
           args.upstream, args.upstream_site, size, dtype, args.batch,
-          args.length, args.steps, args.upstream_keep_freed_memory)
+          args.length, args.steps, args.upstream_malloc)
   began = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     futures = {key: pool.submit(make, *key[:2], args.batch, args.length,

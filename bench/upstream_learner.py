@@ -3,18 +3,15 @@
 in the environment `upstream.environ` makes (the jit shim, upstream-only
 packages and SRC on PYTHONPATH).
 
-  python bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS PLATFORM \
-      [--keep_freed_memory]
+  python bench/upstream_learner.py SRC SIZE DTYPE BATCH LENGTH STEPS PLATFORM
 
 Builds upstream's agent (SRC: a checkout of danijar/dreamerv3) with the
 `dmc_proprio` preset and SIZE on the same walker spaces, compiles its train
 step, then times STEPS updates for each line `go` it reads on stdin and
 prints the seconds per update as one JSON line. The policy copy upstream
 makes after an update is off (`jax.enable_policy False`): both sides time
-training alone. `--keep_freed_memory` applies dreamer_ver's
-`jax.keep_freed_memory` malloc setting to upstream's process (the one thing
-imported from dreamer_ver), to tell that setting's share of a ratio from
-the rest.
+training alone. Its host allocator is the environment's it starts with
+(`learner_bench.py --upstream_malloc`).
 """
 
 import json
@@ -71,9 +68,6 @@ def random_data(agent, batch, T, seed):
 
 
 def main():
-  if '--keep_freed_memory' in sys.argv:
-    from dreamer_ver.cluster.devices import keep_freed_memory
-    keep_freed_memory()
   src, size, dtype = sys.argv[1:4]
   batch, length, steps = map(int, sys.argv[4:7])
   agent = build(src, size, dtype, batch, length, sys.argv[7])

@@ -11,6 +11,10 @@ argument: ``fn(config)``, where ``config`` is an ``elements.Config`` whose
 ``logdir`` is already absolute. If the function returns an int, it becomes the
 exit status.
 
+From the command line, a process whose JAX runs on the CPU first starts
+again with the allocator of `jax.malloc` preloaded (cluster/devices.py);
+its children inherit it.
+
 Bad input (unknown block, unknown key, wrong type, failed validation, script
 not available) prints one line to stderr and exits with status 2.
 ``--help`` prints every key with its value after the given blocks and its
@@ -93,7 +97,8 @@ def _show(value):
 def main(argv=None):
   from . import config as configlib
 
-  argv = list(sys.argv[1:] if argv is None else argv)
+  command_line = argv is None
+  argv = list(sys.argv[1:] if command_line else argv)
   if argv == ['--version']:
     from . import __version__
     print(f'dreamer_ver {__version__}')
@@ -129,6 +134,12 @@ def main(argv=None):
         f"script '{config.script}' is not available; available scripts: "
         f'{_available()}')
 
+  if command_line:  # before anything runs: JAX's allocator (jax.malloc)
+    from .cluster import devices
+    environ = devices.malloc_restart_env(
+        config.jax.malloc, config.jax.platform, os.environ)
+    if environ:
+      os.execve(sys.executable, sys.orig_argv, environ)
   config = configlib.resolve_logdir(config)
   from . import preflight
   try:

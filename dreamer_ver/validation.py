@@ -110,6 +110,7 @@ CHOICES = {
     'replay.wal': ('flush', 'fsync', 'off'),
     'jax.platform': ('', 'cpu', 'cuda', 'gpu', 'tpu'),
     'jax.compute_dtype': ('float32', 'bfloat16'),
+    'jax.malloc': ('mimalloc', 'one_arena', 'glibc'),
     'env.atari100k.actions': ('needed', 'all'),
     'env.atari100k.lives': ('unused', 'discount', 'reset'),
     'env.atari100k.resize': ('pillow', 'numpy'),

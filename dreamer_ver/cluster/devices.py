@@ -13,23 +13,26 @@ the program, the devices and the compiler flags, so a stale entry is never
 used. JAX's own `JAX_COMPILATION_CACHE_DIR`, when set, names the folder
 instead: one cache shared by many runs (a sweep, a test session).
 
-`jax.keep_freed_memory` keeps the host memory the process frees for its
-own reuse (`keep_freed_memory`): XLA on the CPU allocates each call's
-temporary buffers anew and frees them after it, and glibc's malloc gives
-large blocks (and the heaps of its per-thread arenas) back to the kernel
-on free, so every learner update touched its hundreds of megabytes as new
-pages again (bench/README.md, learner section: 94,700 page faults per
-size1m update on a 2-core CPU, which ran 1.26-1.54x faster without them).
-It applies only where JAX runs on the CPU (`runs_on_cpu`): a GPU's buffers
-are not glibc's, and one arena for the GPU compiler's many threads is a
-cost nobody has measured.
+`jax.malloc` picks the host allocator of a process whose JAX runs on the
+CPU (`runs_on_cpu`). XLA:CPU allocates each call's buffers anew and frees
+them after it, about 370 MB per size1m learner update, from its worker
+threads. glibc's malloc (`glibc`) serves a thread's block over 64 MiB from
+a mapping of its own and unmaps it on free, so each update touched its
+buffers as fresh pages again (94,700 page faults); with one arena kept
+(`one_arena`: no unmapping, no trimming) the faults are gone, but every
+thread allocates from one heap, whose searches cost more than the faults
+on some CPUs. `mimalloc` (the default) keeps per-thread heaps and, with
+purging off, every page it has had: neither faults nor one shared heap
+(bench/README.md, learner section, has the figures of all three). Each is
+a setting a process must start with (a preloaded library, glibc's
+tunables), so the command line's `main` starts again with it
+(`malloc_restart_env`); the library comes with the `cmeel-mimalloc` wheel,
+a dependency on Linux.
 """
 
-import ctypes
 import importlib.metadata
 import os
 import socket
-import sys
 
 JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
 # Distributions that give JAX a default backend other than the CPU.
@@ -54,8 +57,6 @@ def setup(config):
   `jax.train_devices`, process by process, so that each process's rows are
   one contiguous block of the batch)."""
   cfg = config.jax
-  if cfg.keep_freed_memory and runs_on_cpu(cfg.platform):
-    keep_freed_memory()
   import jax
   os.environ['XLA_PYTHON_CLIENT_PREALLOCATE'] = str(bool(cfg.prealloc)).lower()
   if cfg.platform:
@@ -112,19 +113,52 @@ def runs_on_cpu(platform):
   return not any(name.startswith(ACCELERATOR_PLUGINS) for name in names)
 
 
-def keep_freed_memory():
-  """Makes glibc's malloc keep what this process frees: one arena, no
-  blocks mapped on their own, no trimming of the heap. Call it before
-  JAX's backend starts its threads. Returns whether it applied (False off
-  glibc, which has no `mallopt`)."""
-  if not sys.platform.startswith('linux'):
-    return False
-  mallopt = getattr(ctypes.CDLL(None), 'mallopt', None)  # the process's libc
-  if mallopt is None:
-    return False
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # glibc's malloc.h
-  settings = ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1))
-  return all([mallopt(option, value) == 1 for option, value in settings])
+# What `malloc_env` may set.
+MALLOC_VARS = ('LD_PRELOAD', 'MIMALLOC_PURGE_DELAY', 'GLIBC_TUNABLES')
+# glibc's tunables for `one_arena`: one arena, no blocks mapped on their
+# own, no trimming of the heap.
+ONE_ARENA = ('glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:'
+             'glibc.malloc.trim_threshold=2147483647')
+
+
+def mimalloc_library():
+  """The path of the mimalloc library the cmeel-mimalloc wheel installed,
+  or None where it is not installed."""
+  try:
+    files = importlib.metadata.files('cmeel-mimalloc') or ()
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  for file in files:
+    if file.name == 'libmimalloc.so':
+      return str(file.locate())
+  return None
+
+
+def malloc_env(malloc):
+  """The environment variables a process starts with for allocator
+  `malloc` ({} for glibc as it is, or mimalloc where it is missing)."""
+  if malloc == 'mimalloc':
+    library = mimalloc_library()
+    # Purging off: never give pages back.
+    return {'LD_PRELOAD': library, 'MIMALLOC_PURGE_DELAY': '-1'} if (
+        library) else {}
+  if malloc == 'one_arena':
+    return {'GLIBC_TUNABLES': ONE_ARENA}
+  assert malloc == 'glibc', malloc
+  return {}
+
+
+def malloc_restart_env(malloc, platform, environ):
+  """The environment this process must start again with for allocator
+  `malloc` (`jax.malloc`) to apply: `environ` and `malloc_env`; None where
+  nothing is to be done: JAX does not run on the CPU (`platform`:
+  `jax.platform`), the allocator needs nothing, or its variables are set
+  already (by the restart, or by the user, whose choice stays)."""
+  wanted = malloc_env(malloc)
+  if (not wanted or not runs_on_cpu(platform)
+      or any(environ.get(key) for key in wanted)):
+    return None
+  return {**environ, **wanted}
 
 
 def _compile_cache(config):
