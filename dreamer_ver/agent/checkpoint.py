@@ -19,15 +19,28 @@ import json
 import os
 import pathlib
 import shutil
+import zipfile
 
 import jax
 import numpy as np
 
 from dreamer_ver.atomic import write_json
+from dreamer_ver.validation import ConfigError
 
 
 class CheckpointMismatch(ValueError):
   pass
+
+
+class CheckpointUnreadable(ConfigError):
+  """No save of a logdir's checkpoint folder can be read. Like a config
+  error, the user must act before the run can start: its message is the
+  one line that names the files and what to do (and exit code 2)."""
+
+
+# What reading a damaged save raises (a cut or flipped zip member fails
+# its CRC-32 check: zipfile.BadZipFile; a cut counters.json: ValueError).
+DAMAGED = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
 
 
 def flatten(tree):
@@ -135,6 +148,34 @@ class Checkpoint:
       shutil.rmtree(old, ignore_errors=True)
 
 
+def newest_intact(ckpt, template):
+  """(state, counters) of the newest save of `ckpt` that reads: the latest,
+  else the kept ones newest first, saying in one line which were skipped
+  and why. CheckpointUnreadable if none reads; CheckpointMismatch (a
+  config that does not fit) is raised as it is, not skipped."""
+  skipped = []
+  for folder in [ckpt.directory, *reversed(ckpt.saved())]:
+    try:
+      state, counters = Checkpoint(folder).load(template)
+    except CheckpointMismatch:
+      raise
+    except DAMAGED as error:
+      skipped.append(f'{folder / "agent.npz"} ({type(error).__name__}: '
+                     f'{error})')
+      continue
+    if skipped:
+      print(f'Skipped the unreadable checkpoint {"; ".join(skipped)}.',
+            flush=True)
+    print(f'Agent resumed at step {counters["steps"]} (params version '
+          f'{counters["version"]}) from {folder}.', flush=True)
+    return state, counters
+  raise CheckpointUnreadable(
+      f'no checkpoint in {ckpt.directory} can be read: '
+      f'{"; ".join(skipped)}. Put back an intact copy, or move '
+      f'{ckpt.directory / "agent.npz"} and {ckpt.directory / "saved"} away '
+      'to start the agent afresh (replay and logs stay).')
+
+
 def restore(agent, logdir, seed, from_checkpoint='', keep=1):
   """(Checkpoint of `logdir` keeping `keep` saves, state, counters) to
   start a run from: the logdir's checkpoint when it has one (resume), else
@@ -145,9 +186,7 @@ def restore(agent, logdir, seed, from_checkpoint='', keep=1):
   state = agent.init_state(agent.init_params(seed), seed)
   counters = {'steps': 0, 'version': 0}
   if ckpt.exists:
-    state, counters = ckpt.load(state)
-    print(f'Agent resumed at step {counters["steps"]} (params version '
-          f'{counters["version"]}) from {ckpt.directory}.', flush=True)
+    state, counters = newest_intact(ckpt, state)
   elif from_checkpoint:
     source = Checkpoint(from_checkpoint)
     if not source.exists:

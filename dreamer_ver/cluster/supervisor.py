@@ -10,14 +10,20 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
 
 from dreamer_ver.cluster.targets import load
+from dreamer_ver.validation import ConfigError
 
 SHUTDOWN_SECONDS = 15  # a stopping child's grace before it is killed
 STOP = b'stop'  # the supervisor's order to a child (`_Parent`)
+# The exit code of a child that stopped on a ConfigError (a bad flag, a
+# logdir whose checkpoint cannot be read), having said what to do in one
+# line: restarting would not help, so it is never restarted.
+USER_ERROR = 2
 # Supervisor that own files in the logdir: one of each per logdir at a time.
 OWNERS = ('replay', 'logger', 'agent')
 _held = []  # This process's role locks, held until it exits.
@@ -36,7 +42,12 @@ def _call(name, target, config, parent, orders, shutdown, *args):
   pids = Path(config.logdir) / 'pids'
   pids.mkdir(parents=True, exist_ok=True)
   (pids / name).write_text(str(os.getpid()))
-  raise SystemExit(load(target)(config, *args) or 0)
+  try:
+    code = load(target)(config, *args)
+  except ConfigError as error:  # a mistake at start: one line, no restart
+    print(f'error: {name}: {error}', file=sys.stderr, flush=True)
+    code = USER_ERROR
+  raise SystemExit(code or 0)
 
 
 def when_stop_ordered(stop):
@@ -147,6 +158,9 @@ class Supervisor:
   `wait_for` returns that code, so whoever runs this process (a shell, Ray,
   Kubernetes) sees the failure. `crash_limit` 0 restarts for ever.
 
+  A child that exits with `USER_ERROR` is not restarted either: its entry
+  caught a ConfigError and printed it as one line.
+
   A child started with a `probe` (the address its server listens on) is
   sent a heartbeat (`rpc.addresses.PING`) every tick. One that fails in its
   first life before it ever answered (a bad flag, a damaged file) is not
@@ -254,12 +268,13 @@ class Supervisor:
       if self.gave_up is not None and self.gave_up[0] == name:
         continue
       if name not in self.due:
-        if self._failed_at_start(name, proc):
+        if proc.exitcode == USER_ERROR or self._failed_at_start(name, proc):
           self.gave_up = (name, proc.exitcode)
-          print(f'{name} failed before it ever served (exit code '
-                f'{proc.exitcode}; its error is above): a mistake at start '
-                'does not go away by restarting; stopping the run.',
-                flush=True)
+          if proc.exitcode != USER_ERROR:  # that one said what to do
+            print(f'{name} failed before it ever served (exit code '
+                  f'{proc.exitcode}; its error is above): a mistake at '
+                  'start does not go away by restarting; stopping the run.',
+                  flush=True)
           continue
         if self._crash_loop(name, now):
           self.gave_up = (name, proc.exitcode)

@@ -5,9 +5,14 @@ import json
 from pathlib import Path
 
 
-def summary(logdir, seconds):
-  """The summary of the run in `logdir` that took `seconds` this time."""
+def summary(logdir, seconds, code=0):
+  """The summary of the run in `logdir` that took `seconds` this time and
+  ends with exit code `code`: one line after a mistake at start (2), whose
+  own line said what to do."""
   logdir = Path(logdir)
+  if code == 2:
+    return ('Run stopped before it started (exit code 2): fix what the '
+            'error above names, then run the same command again.')
   step = _read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)
   train, evals = _last_scores(logdir / 'scores.jsonl')
   scores = ', '.join(

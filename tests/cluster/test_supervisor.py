@@ -421,3 +421,40 @@ def test_a_child_that_fails_before_it_ever_served_stops_the_run(
   assert children.restarts['replay'] == 0
   assert 'replay failed before it ever served (exit code 3' in (
       capfd.readouterr().out)
+
+
+def _config_error_after_serving(config, marker):
+  """Fails with a ConfigError in its second life (the first crashes)."""
+  from dreamer_ver.validation import ConfigError
+  marker = Path(marker)
+  if not marker.exists():
+    marker.write_text('crashed once')
+    return 1
+  raise ConfigError('the checkpoint in /x/ckpt cannot be read: '
+                    'move it away')
+
+
+def test_a_config_error_is_one_line_and_is_never_restarted(tmp_path, capfd):
+  # Even after a restart (so not at its first start): exit code 2 means
+  # the child said what the user must do, and restarting changes nothing.
+  from types import SimpleNamespace
+  from dreamer_ver.cluster.supervisor import USER_ERROR, Supervisor
+  children = Supervisor(backoff=(0.0, 0.0))
+  children.start('agent', f'{__name__}:_config_error_after_serving',
+                 SimpleNamespace(logdir=str(tmp_path)),
+                 str(tmp_path / 'marker'))
+  try:
+    def stopped():
+      children.supervise()
+      return children.gave_up is not None
+    assert _wait_for(stopped, 60, poll=0.2)
+    time.sleep(1)
+    children.supervise()
+  finally:
+    children.stop_all()
+  assert children.gave_up == ('agent', USER_ERROR) == ('agent', 2)
+  assert children.restarts['agent'] == 1 and children.failure_code() == 2
+  out, err = capfd.readouterr()
+  assert err.splitlines()[-1] == (
+      'error: agent: the checkpoint in /x/ckpt cannot be read: move it away')
+  assert 'Traceback' not in err and 'failed before it ever served' not in out

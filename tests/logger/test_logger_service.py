@@ -355,6 +355,11 @@ def test_a_run_ends_with_its_summary(tmp_path):
   assert f'python -m dreamer_ver.plot {tmp_path}' in text
   assert 'run the same command again' in text
   assert 'no episode finished yet' in summary(tmp_path / 'empty', 1)
+  # Stopped at start by a mistake (exit code 2): one line, no resume hint
+  # (the same command would fail the same way until it is fixed).
+  stopped = summary(tmp_path, 20, code=2)
+  assert '\n' not in stopped and 'exit code 2' in stopped
+  assert 'fix what the error above names' in stopped
 
 
 def test_malformed_tran_raises_and_changes_nothing(tmp_path):
