@@ -9,6 +9,11 @@ The agent is the `dmc_proprio` preset on dm_control walker's spaces
 context step, as upstream trains it. Rounds alternate between the
 configurations so a change in machine load hits them all alike.
 
+Scan body ops (`scan_body_ops`): the ops in the body of each while loop
+of the compiled update whose trip count is the observe scan's (batch
+length) or the imagination's (imag_length), forward and backward in the
+order they appear: what a GPU launches per step (a fusion is one op).
+
 FLOPs: matrix-product FLOPs (2 per multiply-add of every `dot_general`
 and convolution) counted on the update's jaxpr, each scan body times its
 length. XLA's `cost_analysis()` counts a scan body once, so its number
@@ -243,6 +248,10 @@ def make(size, dtype, batch, length, name='base'):
     jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
     run['ops'] = matmul_ops(jaxpr.jaxpr)
     run['flops'] = total_flops(run['ops'])
+    loops = scan_body_ops(compiled.as_text())
+    trips = {'observe': length, 'imagine': config.agent.imag_length}
+    run['scan_ops'] = {name: [ops for trip, ops in loops if trip == n]
+                       for name, n in trips.items()}
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     run['xla_flops_scan_once'] = float(cost.get('flops', 0))
@@ -467,6 +476,7 @@ def write(args, runs, measured, peak_n):
                         seconds, 3),
         'gflop_per_update': round(base['flops'] / 1e9, 2),
         'xla_gflop_scan_once': round(base['xla_flops_scan_once'] / 1e9, 2),
+        'scan_body_ops': base['scan_ops'],
         'gflop_per_s': round(base['flops'] / seconds / 1e9, 1),
         'fraction_of_matmul_peak': round(
             base['flops'] / seconds / peaks[dtype], 3),
