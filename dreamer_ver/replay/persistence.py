@@ -266,8 +266,11 @@ def _needs_write(chunk):
 
 
 def _try_load(path):
+  """The chunk at `path`, or None (said in one line: a damaged file is an
+  expected fault, its rows are lost, the rest loads)."""
   try:
     return chunklib.Chunk.load(path)
-  except Exception:
-    log.warning('Skipping unreadable replay chunk %s', path, exc_info=True)
+  except Exception as error:
+    log.warning('Skipping unreadable replay chunk %s (%s: %s).', path,
+                type(error).__name__, error)
     return None

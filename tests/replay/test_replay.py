@@ -480,7 +480,7 @@ class TestSaveLoad:
     assert (batch['step'] - batch['step'][:, :1] == np.arange(5)).all()
     assert {s < 100 for s in batch['step'][:, 0].tolist()} == {True, False}
 
-  def test_corrupt_file_skipped(self, tmp_path):
+  def test_corrupt_file_skipped(self, tmp_path, caplog):
     replay = replaylib.Replay(2, 100, directory=tmp_path, chunksize=4)
     fill(replay, 12)
     replay.save(wait=True)
@@ -490,6 +490,14 @@ class TestSaveLoad:
     restored.load()
     batch = restored.sample(100)
     assert set(batch['step'][:, 0].tolist()) == set(range(7))
+    # One line that names the file and the cause, no traceback: a damaged
+    # chunk is an expected fault.
+    [record] = [r for r in caplog.records if 'unreadable' in r.message]
+    assert record.exc_info is None
+    message = record.getMessage()
+    assert message.startswith(
+        f'Skipping unreadable replay chunk {newest} (ValueError: ')
+    assert '\n' not in message
 
   def test_structure_change_rejected_on_load(self, tmp_path):
     replay = replaylib.Replay(2, 100, directory=tmp_path)
