@@ -122,7 +122,7 @@ def stage_commands(stage, args, out):
                    '-p', 'no:cacheprovider', f'--junitxml={out}/tests_{i}.xml',
                    path], 150) for i, path in enumerate(TESTS)]
   if stage == 'overhead':
-    sizes = ['size1m'] if smoke else ['size1m', 'size12m']
+    sizes = ['debug'] if smoke else ['size1m', 'size12m']
     bench = py + [str(BENCH / 'overhead_bench.py'),
                   '--envs', '4' if smoke else '256',
                   '--repeats', '3' if smoke else '30']
@@ -145,10 +145,9 @@ def stage_commands(stage, args, out):
     envs_list = [2] if smoke else (
         args.actor_envs or (ACTOR_ENVS if stage == 'actor' else SHARED_ENVS))
     modes, transports = (['baseline', 'ver', 'preempt'], ['tcp', 'shm'])
-    size = 'size1m' if smoke else 'size12m'
-    if stage == 'shared':  # (the smoke's learner: the tiny debug model)
+    size = 'debug' if smoke else 'size12m'
+    if stage == 'shared':
       modes, transports = ['ver'], ['tcp']
-      size = 'debug' if smoke else size
     for envs in envs_list:
       commands.append((py + [
           str(BENCH / 'actor_bench.py'), '--fleets', 'fast',
@@ -198,7 +197,7 @@ def learner_commands(args, out):
     upstream += ['--upstream_site', args.upstream_site]
   if args.smoke:  # tiny, on the CPU: every kind of command once
     shape = ['--batch', '2', '--length', '4', '--steps', '2', '--rounds', '1']
-    big, small, flags = ['size1m', 'float32'], ['size1m', 'float32'], {
+    big, small, flags = ['debug', 'float32'], ['debug', 'float32'], {
         'none': ''}
     fused, variants, seconds = 'fuse2', ['unroll2', 'fuse2'], (120,) * 4
   else:

@@ -474,8 +474,8 @@ def write(args, runs, measured, peak_n):
             times[size, dtype, name])],
         'x_base': round(float(np.median(times[size, dtype, 'base'])) /
                         seconds, 3),
-        'gflop_per_update': round(base['flops'] / 1e9, 2),
-        'xla_gflop_scan_once': round(base['xla_flops_scan_once'] / 1e9, 2),
+        'gflop_per_update': float(f"{base['flops'] / 1e9:.3g}"),
+        'xla_gflop_scan_once': float(f"{base['xla_flops_scan_once'] / 1e9:.3g}"),
         'scan_body_ops': base['scan_ops'],
         'gflop_per_s': round(base['flops'] / seconds / 1e9, 1),
         'fraction_of_matmul_peak': round(
