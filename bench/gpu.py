@@ -197,8 +197,8 @@ def learner_commands(args, out):
     upstream += ['--upstream_site', args.upstream_site]
   if args.smoke:  # tiny, on the CPU: every kind of command once
     shape = ['--batch', '2', '--length', '4', '--steps', '2', '--rounds', '1']
-    big, small, flags = ['debug', 'float32'], ['debug', 'float32'], {
-        'none': ''}
+    big = small = ['debug', 'float32']
+    flags = {'none': ''}
     fused, variants, seconds = 'fuse2', ['unroll2', 'fuse2'], (120,) * 4
   else:
     shape = ['--steps', '8', '--rounds', '2']
