@@ -78,6 +78,11 @@ class Agent:
     rec = scales.pop('rec')
     scales.update({k: rec for k in self.model_space})
     self.scales = scales
+    # One compile (which JAX's persistent cache keeps across processes)
+    # instead of compiling each of init's few hundred eager ops in every
+    # process: the debug agent's init took 6.9 s eagerly, 1.1 s from the
+    # cache, on a 2-core AMD EPYC.
+    self.init_params = jax.jit(self._init_params)
     self.policy = jax.jit(self.policy_step, static_argnames=('mode',))
     self.unroll = int(cfg.scan_unroll)
     self.train = jax.jit(self._train, donate_argnums=(0,))
@@ -91,7 +96,7 @@ class Agent:
     r = self.config.agent.rssm
     return r.deter + r.stoch * r.classes
 
-  def init_params(self, seed):
+  def _init_params(self, seed):
     keys = dict(zip(MODULES, jax.random.split(jax.random.PRNGKey(seed), 7)))
     obs = {k: jnp.zeros((1, *v.shape), v.dtype)
            for k, v in self.model_space.items()}
