@@ -62,6 +62,7 @@ def test_train_logs_scores_of_an_eval_worker_and_saves_on_sigterm(tmp_path):
   assert counters['steps'] >= max(m['step'] for m in evals), counters
 
 
+@pytest.mark.xdist_group('ray')  # one Ray instance at a time
 def test_the_ray_script_evaluates_with_a_ray_hosted_worker(tmp_path):
   pytest.importorskip('ray')
   logdir, out, evals = run_until_evaluated(tmp_path, [
@@ -139,6 +140,7 @@ def _status(worker):
     return None
 
 
+@pytest.mark.xdist_group('ray')  # one Ray instance at a time
 def test_a_ray_hosted_worker_scores_restarts_and_is_found_by_name(
     config, agent, local_ray):
   worker = EvalWorker(config=config, name='onray', host='ray', num_cpus=1)

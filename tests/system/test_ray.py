@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip('ray')
+# One Ray instance at a time where tests run side by side (.ci/run: -n 2
+# --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('ray')
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from dreamer_ver.scripts.ray_cluster import namespace  # noqa: E402

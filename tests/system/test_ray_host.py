@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip('ray')
+# One Ray instance at a time where tests run side by side (.ci/run: -n 2
+# --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('ray')
 from dreamer_ver.cluster import ray_host  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent

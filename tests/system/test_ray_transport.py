@@ -13,6 +13,9 @@ import pytest
 from dreamer_ver.inference import InferenceServer
 
 ray = pytest.importorskip('ray')
+# One Ray instance at a time where tests run side by side (.ci/run: -n 2
+# --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('ray')
 from dreamer_ver.rpc.ray_transport import RayTransport  # noqa: E402
 
 SPEC = {'x': ((), np.float32), 'is_first': ((), np.bool_)}
