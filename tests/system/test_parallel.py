@@ -97,15 +97,17 @@ def test_parallel_runs_to_steps_writes_every_output_and_resumes(
           if key in row} == pytest.approx(jsonl)
 
   logger_step = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
-  # The rerun ends by itself at its duration (seconds of serving).
+  # The rerun ends by itself at its duration (seconds of serving, which
+  # begin while the learner still compiles: with another test beside it,
+  # 10 s passed before its first update, so 30).
   code, out = _main('--script', 'parallel', '--logdir', str(logdir),
-                    '--run.steps', '1e9', '--run.duration', '10', *FLAGS,
+                    '--run.steps', '1e9', '--run.duration', '30', *FLAGS,
                     *outputs)
   assert code == 0, out[-3000:]
   assert f'Agent resumed at step {counters["steps"]}' in out, out[-3000:]
   resumed = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
-  # The rerun's envs acted and its learner trained; how far in its 10 s
-  # depends on the machine (174 steps on a slow one), so no count is set.
+  # The rerun's envs acted and its learner trained; how far depends on the
+  # machine (174 steps in 10 s on a slow one), so no count is set.
   assert counters['steps'] < resumed['steps'] < 1e9, resumed
   assert resumed['version'] > counters['version']
   logger_now = json.loads((logdir / 'ckpt' / 'logger.json').read_text())
