@@ -228,40 +228,70 @@ def learner_commands(args, out):
 
 def run_stage(stage, args, out, work):
   """Runs a stage's commands under their deadlines (their files go to
-  `work`, their output to `out/gpu.log`); returns its record."""
+  `work`, their output to `out/gpu.log`); returns its record. The tests'
+  files run at once on the GPU: each compiles for minutes on its own CPU
+  core, and none allocates the GPU's memory up front."""
   record = {'stage': stage, 'commands': [], 'ok': True}
   env = dict(os.environ)
   if not args.smoke:
     env['JAX_PLATFORMS'] = ''  # JAX's default backend: the GPU
   else:  # the learner's commands share their compiles, as on a rerun
     env.setdefault('JAX_COMPILATION_CACHE_DIR', str(work / 'jax_cache'))
+  together = stage == 'tests' and not args.smoke
+  if together:
+    env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
   start = time.monotonic()
-  with open(out / 'gpu.log', 'a') as log:
-    for command, seconds, *more in stage_commands(stage, args, work):
-      variables = more[0] if more else {}  # a command's own (XLA_FLAGS)
-      shown = ' '.join([f'{k}={v}' for k, v in variables.items()] + [
-          c if len(c) < 200 else '<script>' for c in command])
-      print(f'[{stage}] {shown}', file=log, flush=True)
-      began = time.monotonic()
-      proc = subprocess.Popen(command, cwd=ROOT, env={**env, **variables},
-                              stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-      try:
-        code = proc.wait(timeout=seconds)
-      except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 15)
-        try:
-          code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-          os.killpg(proc.pid, 9)
-          code = proc.wait()
-        code = f'timeout after {seconds} s'
-      record['commands'].append({'command': shown, 'exit': code,
-                                 'seconds': round(time.monotonic() - began)})
-      record['ok'] &= code == 0
+  commands = stage_commands(stage, args, work)
+  batches = [commands] if together else [[c] for c in commands]
+  for batch in batches:
+    running = [launch(stage, i, command, env, work, args.window_end)
+               for i, command in enumerate(batch)]
+    for run in running:
+      record['commands'].append(finish(run, out / 'gpu.log'))
+      record['ok'] &= record['commands'][-1]['exit'] == 0
   record['seconds'] = round(time.monotonic() - start)
   record['results'] = collect(stage, args, work)
   return record
+
+
+def launch(stage, index, command, env, work, window_end):
+  """Starts one (command, seconds[, variables]) in its own session, its
+  output into its own log in `work`; its deadline is the earlier of its
+  own and the window's end."""
+  argv, seconds, *more = command
+  seconds = max(0.0, min(seconds, window_end - time.monotonic()))
+  variables = more[0] if more else {}  # a command's own (XLA_FLAGS)
+  shown = ' '.join([f'{k}={v}' for k, v in variables.items()] + [
+      c if len(c) < 200 else '<script>' for c in argv])
+  log = work / f'{stage}_{index}.log'
+  with open(log, 'w') as file:
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**env, **variables},
+                            stdout=file, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+  return {'proc': proc, 'shown': shown, 'log': log, 'stage': stage,
+          'deadline': time.monotonic() + seconds, 'seconds': seconds,
+          'began': time.monotonic()}
+
+
+def finish(run, gpu_log):
+  """Waits for a launched command until its deadline (then stops its
+  process group), appends its output to `gpu_log`; returns its record."""
+  proc = run['proc']
+  try:
+    code = proc.wait(timeout=max(0.0, run['deadline'] - time.monotonic()))
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, 15)
+    try:
+      proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+    code = f"timeout after {run['seconds']:.0f} s"
+  with open(gpu_log, 'a') as log:
+    print(f"[{run['stage']}] {run['shown']}", file=log)
+    log.write(run['log'].read_text(errors='replace'))
+  return {'command': run['shown'], 'exit': code,
+          'seconds': round(time.monotonic() - run['began'])}
 
 
 def collect(stage, args, out):
@@ -274,6 +304,13 @@ def collect(stage, args, out):
       for key in counts:
         counts[key] += int(found.get(key, 0))
     counts['files'] = len(list(out.glob('tests_*.xml')))
+    counts['properties'] = {  # what a test recorded (record_property)
+        test: dict(re.findall(r'<property name="([^"]*)" value="([^"]*)"',
+                              body))
+        for xml in sorted(out.glob('tests_*.xml'))
+        for test, body in re.findall(
+            r'<testcase [^>]*name="([^"]*)"[^>]*>(.*?)</testcase>',
+            xml.read_text(), re.S) if '<property' in body}
     return counts
   if stage in ('actor', 'shared'):
     rows = []
@@ -347,7 +384,9 @@ def section(stage, res):
   if stage == 'tests':
     return [f"{res['files']} files finished: {res['tests']} tests, "
             f"{res['failures']} failures, {res['errors']} errors, "
-            f"{res['skipped']} skipped (failures: gpu.log)"]
+            f"{res['skipped']} skipped (failures: gpu.log)"] + [
+                f"- {test}: " + ', '.join(f'{k} {v}' for k, v in props.items())
+                for test, props in res.get('properties', {}).items()]
   if stage == 'overhead':
     rows = ['| size | bucket | actor.step ms | jitted step ms | host ms |',
             '| --- | ---: | ---: | ---: | ---: |']
@@ -456,6 +495,10 @@ def main(argv=None):
   parser.add_argument('--smoke', action='store_true',
                       help='every stage tiny, on the CPU')
   parser.add_argument('--learning_minutes', type=float, default=8.0)
+  parser.add_argument('--minutes', type=float, default=float('inf'),
+                      help="the window's length: a command still running "
+                      '20 s before its end stops there, and the results '
+                      'so far are written')
   parser.add_argument('--logdir', default='',
                       help="the learning run's logdir (a new temporary one)")
   parser.add_argument('--actor_envs', type=int, nargs='+',
@@ -487,8 +530,12 @@ def main(argv=None):
     args.learning_minutes = min(args.learning_minutes, 0.25)
   args.logdir = args.logdir or tempfile.mkdtemp(prefix='gpu_learning_')
   work = Path(tempfile.mkdtemp(prefix='gpu_bench_'))
+  args.window_end = time.monotonic() + args.minutes * 60 - 20
   records = []
   for stage in [s for s in STAGES if s in args.stages]:
+    if time.monotonic() > args.window_end:
+      print(f'{stage}: the window is over', flush=True)
+      continue
     print(f'{stage}...', flush=True)
     record = run_stage(stage, args, out, work)
     record.update(commit=commit(args.commit),

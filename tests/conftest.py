@@ -43,8 +43,9 @@ FAST_XLA_FLAGS = ('--xla_backend_optimization_level=0 '
 
 
 def pytest_configure(config):
-  """Before any test runs JAX (its backend reads XLA_FLAGS once)."""
-  if not os.environ.get('XLA_FLAGS'):
+  """Before any test runs JAX (its backend reads XLA_FLAGS once). The
+  flags are XLA:CPU's: where the tests run on a GPU, XLA keeps its own."""
+  if not os.environ.get('XLA_FLAGS') and os.environ['JAX_PLATFORMS'] == 'cpu':
     os.environ['XLA_FLAGS'] = FAST_XLA_FLAGS
 
 

@@ -450,19 +450,37 @@ def test_train_loss_is_the_scaled_sum_of_the_terms_and_slow_critic_mixes_2pct():
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_bfloat16_train_step_is_finite_with_float32_params():
-  B, T = 2, 4
-  losses = {}
+def test_bfloat16_trains_like_float32_from_the_same_params(record_property):
+  # bfloat16 compute with float32 params: N updates on the same batches
+  # from the same params stay finite, keep float32 params and latents, and
+  # track float32's losses and updates. The gaps are recorded (junit XML
+  # properties), so a GPU run states them; on a 2-core AMD EPYC they were
+  # 0.07-0.7 % per loss and 4-8 % of the update after 8 updates (the
+  # tests' XLA flags and XLA's defaults).
+  B, T, N = 2, 4, 8
+  runs = {}
   for dtype in ('float32', 'bfloat16'):
     agent = _tiny_agent(**{'jax.compute_dtype': dtype})
-    state = agent.init_state(agent.init_params(0))
-    batch = make_batch(agent, B, 1 + T)
-    carry = agent.init_carry(B)
-    for _ in range(2):
-      state, carry, outs, mets = agent.train(state, carry, batch)
+    params = agent.init_params(0)
+    start = jax.tree.map(np.asarray, params)
+    state, carry, losses = agent.init_state(params), agent.init_carry(B), []
+    for step in range(N):
+      state, carry, outs, mets = agent.train(
+          state, carry, make_batch(agent, B, 1 + T, seed=step))
+      assert all(np.isfinite(float(v)) for v in mets.values()), dtype
+      losses.append(float(mets['opt/loss']))
     for x in jax.tree.leaves(state['params']):
       assert x.dtype == jnp.float32 and np.isfinite(x).all()
-    assert all(np.isfinite(float(v)) for v in mets.values())
     assert outs['replay']['dyn/deter'].dtype == jnp.float32
-    losses[dtype] = float(mets['opt/loss'])
-  assert losses['bfloat16'] == pytest.approx(losses['float32'], rel=0.05)
+    flat = lambda tree: np.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
+    runs[dtype] = (np.array(losses), flat(start), flat(state['params']))
+  (loss32, start32, end32), (loss16, start16, end16) = runs.values()
+  np.testing.assert_array_equal(start16, start32)
+  loss_gap = float(np.max(np.abs(loss16 / loss32 - 1)))
+  update_gap = float(np.linalg.norm(end16 - end32)
+                     / np.linalg.norm(end32 - start32))
+  record_property('updates', N)
+  record_property('loss_gap_max', loss_gap)
+  record_property('update_gap', update_gap)
+  assert loss_gap < 0.03, loss16 / loss32 - 1
+  assert update_gap < 0.3
