@@ -1,14 +1,79 @@
-"""Atomic file writes every layer may use (plain Python, no JAX)."""
+"""File writes every layer may use (plain Python, no JAX): atomic JSON, and
+the one-line error a write gets when the disk is full or read-only."""
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
+
+# The errors after which no write to that file system will succeed until
+# an operator acts: the run stops in order instead of retrying.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class StorageFault(RuntimeError):
+  """A write failed because its file system is full or read-only. Its
+  message is one line: what failed, the path, and the space left there."""
+
+
+def storage_fault(error, path=None):
+  """A StorageFault for `error` (an exception, or one it was raised from)
+  when it is a full or read-only file system's, else None. `path` names
+  the file where the error does not."""
+  seen = error
+  while seen is not None:
+    if isinstance(seen, StorageFault):
+      return seen
+    if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
+      where = seen.filename or path or '?'
+      fault = StorageFault(
+          f'{os.strerror(seen.errno).lower()} writing {where} '
+          f'({_space(where)})')
+      fault.__cause__ = seen
+      return fault
+    seen = seen.__cause__ or seen.__context__
+  return None
+
+
+def with_path(error, path):
+  """Names `path` in an OSError that names no file (a buffered file's
+  write or flush does not), so that its one-line message says where."""
+  if isinstance(error, OSError) and error.filename is None:
+    error.filename = str(path)
+  return error
+
+
+def _space(path):
+  """'N MB free of M MB' on the file system holding `path`."""
+  folder = Path(path)
+  while not folder.exists() and folder != folder.parent:
+    folder = folder.parent
+  try:
+    usage = shutil.disk_usage(folder)
+  except OSError:
+    return 'free space unknown'
+  return f'{usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} MB'
+
+
+def write_atomically(path, write):
+  """Calls `write(file)` on `<path>.tmp` opened for binary writing, then
+  renames it over `path`: a reader never sees a half file. On failure the
+  temporary file is removed (a full disk gets its space back) and an
+  OSError names it."""
+  path = Path(path)
+  tmp = path.with_name(path.name + '.tmp')
+  try:
+    with open(tmp, 'wb') as file:
+      write(file)
+    os.replace(tmp, path)
+  except BaseException as error:
+    tmp.unlink(missing_ok=True)
+    raise with_path(error, tmp)
 
 
 def write_json(path, data):
-  """Writes `data` as JSON atomically: a reader never sees a half file."""
+  """Writes `data` as JSON atomically (`write_atomically`)."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(data))
-  os.replace(tmp, path)
+  write_atomically(path, lambda file: file.write(json.dumps(data).encode()))

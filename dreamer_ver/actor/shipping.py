@@ -104,14 +104,16 @@ class Shipper:
       return future
 
   def _watch(self, future, what):
-    """A failed call is counted and the first few are printed, so a
-    rejected batch is never silent."""
+    """A failed call is counted (the metric `actor/ship_errors`) and the
+    first is printed, so a rejected batch is never silent and a server
+    that refuses every batch (a full disk) does not flood the terminal."""
     def done(future):
       error = future.exception()
       if error is not None:
         with self._lock:
           self.errors += 1
           count = self.errors
-        if count <= 5:
-          print(f'[actor] {what} failed: {error}', flush=True)
+        if count == 1:
+          print(f'[actor] {what} failed: {error} (later failures are '
+                'counted in actor/ship_errors)', flush=True)
     future.add_done_callback(done)

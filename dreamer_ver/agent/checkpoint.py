@@ -24,7 +24,7 @@ import zipfile
 import jax
 import numpy as np
 
-from dreamer_ver.atomic import write_json
+from dreamer_ver.atomic import write_atomically, write_json
 from dreamer_ver.validation import ConfigError
 
 
@@ -52,10 +52,7 @@ def save(tree, path):
   """Writes atomically: a reader never sees a half-written file."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + '.tmp')
-  with open(tmp, 'wb') as f:
-    np.savez(f, **flatten(tree))
-  os.replace(tmp, path)
+  write_atomically(path, lambda file: np.savez(file, **flatten(tree)))
 
 
 def load(path, template):

@@ -20,6 +20,7 @@ from dreamer_ver.validation import ConfigError
 
 SHUTDOWN_SECONDS = 15  # a stopping child's grace before it is killed
 STOP = b'stop'  # the supervisor's order to a child (`_Parent`)
+END_RUN = b'end-run:'  # a child's request to stop the run (`end_run`)
 # The exit code of a child that stopped on a ConfigError (a bad flag, a
 # logdir whose checkpoint cannot be read), having said what to do in one
 # line: restarting would not help, so it is never restarted.
@@ -48,6 +49,31 @@ def _call(name, target, config, parent, orders, shutdown, *args):
     print(f'error: {name}: {error}', file=sys.stderr, flush=True)
     code = USER_ERROR
   raise SystemExit(code or 0)
+
+
+def end_run(code):
+  """Asks this process's supervisor to stop the whole run in order and end
+  it with exit code `code`: for a fault this process said in one line and
+  that no restart cures (a full disk). This process serves on until its
+  stop is ordered. False where no supervisor runs it (the caller stops
+  by itself)."""
+  if _parent is None:
+    return False
+  try:
+    _parent.orders.send_bytes(END_RUN + str(int(code)).encode())
+  except OSError:  # the supervisor is gone: this process stops anyway
+    return False
+  return True
+
+
+def stop_for_storage(role, fault, stop):
+  """Says a storage fault of process `role` in one line and stops the run
+  in order (`end_run` with USER_ERROR; without a supervisor, sets `stop`)."""
+  print(f'error: {role}: {fault}; free space there (or make it writable), '
+        'then run the same command again to resume', file=sys.stderr,
+        flush=True)
+  if not end_run(USER_ERROR):
+    stop.set()
 
 
 def when_stop_ordered(stop):
@@ -159,7 +185,9 @@ class Supervisor:
   Kubernetes) sees the failure. `crash_limit` 0 restarts for ever.
 
   A child that exits with `USER_ERROR` is not restarted either: its entry
-  caught a ConfigError and printed it as one line.
+  caught a ConfigError and printed it as one line. A child that calls
+  `end_run(code)` (a full disk) ends the run as one that gave up, with
+  that code, and is stopped in its group's turn like the others.
 
   A child started with a `probe` (the address its server listens on) is
   sent a heartbeat (`rpc.addresses.PING`) every tick. One that fails in its
@@ -195,7 +223,9 @@ class Supervisor:
     self.crash_limit = crash_limit
     self.crash_window = crash_window
     self.crash_times = collections.defaultdict(collections.deque)
-    self.gave_up = None  # (name, exit code) of a child in a crash loop
+    # (name, exit code) of a child in a crash loop, or of one that asked to
+    # end the run (`end_run`)
+    self.gave_up = None
     self.peer_timeout = peer_timeout
     self.handshake = handshake
     self.heartbeats = {}  # name -> _Heartbeat, for children with a probe
@@ -220,7 +250,8 @@ class Supervisor:
 
   def _spawn(self, name, target, config, args):
     self._order_stop(name)  # A restart: its previous process is dead.
-    orders, self.orders[name] = self.context.Pipe(duplex=False)
+    # Duplex: the stop order goes down, a child's `end_run` comes up.
+    orders, self.orders[name] = self.context.Pipe(duplex=True)
     proc = self.context.Process(
         target=_call, name=name, daemon=False, args=(
             name, target, config, os.getpid(), orders, self.shutdown, *args))
@@ -298,8 +329,17 @@ class Supervisor:
                    stop_order=order, probe=probe)
 
   def _listen(self, name, proc, now):
-    """Kills a child that answered heartbeats before and has answered
-    none for `peer_timeout` seconds (supervision restarts it)."""
+    """Takes a child's request to end the run (`end_run`: `gave_up` names
+    it and its code); kills a child that answered heartbeats before and has
+    answered none for `peer_timeout` seconds (supervision restarts it)."""
+    orders = self.orders.get(name)
+    try:
+      while orders is not None and orders.poll():
+        message = orders.recv_bytes()
+        if message.startswith(END_RUN) and self.gave_up is None:
+          self.gave_up = (name, int(message[len(END_RUN):]))
+    except (EOFError, OSError):
+      pass  # it died: its exit code tells
     heartbeat = self.heartbeats.get(name)
     silence = heartbeat and heartbeat.silence(now)
     if silence is None:

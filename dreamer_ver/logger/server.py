@@ -5,14 +5,18 @@ loop writes and saves on its clocks. ``tran`` is ``transitions`` under
 upstream DreamerV3's name, so an unmodified upstream actor logs here too.
 """
 
+from dreamer_ver.atomic import storage_fault
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
+from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.rpc.server import Server
 
 
 def serve_logger(config, stop=None):
-  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write, save, exit 0."""
+  """Process entry point: serve until SIGINT/SIGTERM (or ``stop``), write,
+  save, exit 0; after a full or read-only disk, say so in one line, stop
+  the run in order and exit `USER_ERROR`."""
   stop = stop if stop is not None else StopSignal()
   service = LoggerService.of(config)
   if service.load():
@@ -26,6 +30,26 @@ def serve_logger(config, stop=None):
   server.start()
   reported_activity = [service.activity]
 
+  faults = []  # a write's StorageFault: no later write is tried
+
+  def guarded(write):
+    """`write`, unless the disk failed; a full or read-only disk is said
+    once and stops the run in order (the logger serves on meanwhile)."""
+    def call():
+      if faults:
+        return
+      try:
+        write()
+      except Exception as error:
+        fault = storage_fault(error, config.logdir)
+        if fault is None:
+          raise
+        faults.append(fault)
+        stop_for_storage(
+            'logger', f'{fault}; env step {service.step:_} was not saved',
+            stop)
+    return call
+
   def log():
     if service.activity != reported_activity[0]:  # Idle: nothing to report.
       service.add({f'server/logger/{key}': value
@@ -34,13 +58,15 @@ def serve_logger(config, stop=None):
     service.write()
 
   try:
-    run_periodically(stop, [(config.run.log_every, log),
-                            (config.run.save_every, service.save)],
+    run_periodically(stop, [(config.run.log_every, guarded(log)),
+                            (config.run.save_every, guarded(service.save))],
                      servers=[server])
   finally:
     server.close(timeout=5)
-    service.write()
-    service.save()
+    guarded(service.write)()
+    guarded(service.save)()
     service.close()
+  if faults:
+    return USER_ERROR
   print('[logger] stopped', flush=True)
   return 0

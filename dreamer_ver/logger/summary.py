@@ -7,13 +7,17 @@ from pathlib import Path
 
 def summary(logdir, seconds, code=0):
   """The summary of the run in `logdir` that took `seconds` this time and
-  ends with exit code `code`: one line after a mistake at start (2), whose
-  own line said what to do."""
+  ends with exit code `code`: one line after a stop whose own line said
+  what to do (2: a mistake at start, a full disk)."""
   logdir = Path(logdir)
-  if code == 2:
+  step = _read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)
+  if code == 2 and not step:
     return ('Run stopped before it started (exit code 2): fix what the '
             'error above names, then run the same command again.')
-  step = _read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)
+  if code == 2:  # e.g. a full disk: the error above names the step reached
+    return (f'Run stopped (exit code 2); its last save was at env step '
+            f'{step:_}: fix what the error above names, then run the same '
+            'command again to resume.')
   train, evals = _last_scores(logdir / 'scores.jsonl')
   scores = ', '.join(
       f'{label} {score:.2f}' for label, score in (

@@ -26,7 +26,6 @@ process, so sorting file names sorts chunks by age. Files are written and read
 without pickle.
 """
 
-import os
 import threading
 import time
 import uuid as uuidlib
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamer_ver.atomic import write_atomically
 
 UUID_BYTES = 16
 NO_SUCC = bytes(UUID_BYTES)
@@ -195,16 +195,12 @@ def write_npz(path, arrays, compress=True):
   key name works, and it is written to a temporary name first and then moved
   into place, so a reader never sees half a file.
   """
-  path = Path(path)
-  tmp = path.with_name(path.name + '.tmp')
   method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
-  try:
-    with zipfile.ZipFile(tmp, 'w', compression=method, compresslevel=1) as zf:
+
+  def write(file):
+    with zipfile.ZipFile(file, 'w', compression=method, compresslevel=1) as zf:
       for key, array in arrays.items():
         with zf.open(key + '.npy', 'w', force_zip64=True) as member:
           np.lib.format.write_array(
               member, np.ascontiguousarray(array), allow_pickle=False)
-    os.replace(tmp, path)
-  except BaseException:
-    tmp.unlink(missing_ok=True)
-    raise
+  write_atomically(path, write)

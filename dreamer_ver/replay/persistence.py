@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamer_ver.atomic import StorageFault, storage_fault
+
 from . import chunk as chunklib
 
 log = logging.getLogger(__name__)
@@ -41,11 +43,14 @@ class Persistence:
     return None
 
   def flush(self):
-    """Waits for pending file operations; raises the first one that failed."""
+    """Waits for pending file operations; raises the first one that failed
+    (a full or read-only disk's as the StorageFault it was)."""
     if not self._io:
       return
     self._barrier()
     errors, self._io_errors = self._io_errors, []
+    if errors and isinstance(errors[0], StorageFault):
+      raise errors[0]
     if errors:
       raise RuntimeError(
           f'{len(errors)} replay file operations failed.') from errors[0]
@@ -57,9 +62,11 @@ class Persistence:
   def close(self):
     """Finishes pending file operations and stops the background thread."""
     if self._io:
-      self.flush()
-      self._io.shutdown(wait=True)
-      self._io = None
+      try:
+        self.flush()
+      finally:
+        self._io.shutdown(wait=True)
+        self._io = None
 
   def load(self, directory=None, amount=None):
     """Loads saved chunks, newest first, until ``amount`` items are covered.
@@ -225,11 +232,16 @@ class Persistence:
         self._metrics['files_deleted'] += 1
 
   def _guarded(self, fn, *args):
+    """Runs a file operation; keeps its error for `flush`. A full or
+    read-only disk is an expected fault: kept as its one-line StorageFault
+    without a traceback, and said by whoever flushes."""
     try:
       fn(*args)
     except Exception as error:
-      log.exception('Replay file operation failed')
-      self._io_errors.append(error)
+      fault = storage_fault(error)
+      if fault is None:
+        log.exception('Replay file operation failed')
+      self._io_errors.append(fault or error)
 
 
 class _File(collections.namedtuple('_File', 'stamp uuid succ length path')):

@@ -32,6 +32,7 @@ The learner's batches hold the stored keys plus ``stepid`` and ``consec``.
 This module imports neither JAX nor the agent.
 """
 
+import contextlib
 import functools
 import json
 import threading
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.atomic import write_json
+from dreamer_ver.atomic import StorageFault, storage_fault, write_json
 from dreamer_ver.replay import batch_log, build
 from dreamer_ver.replay.replay import mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
@@ -93,6 +94,9 @@ class ReplayService:
     self._last_counts = _counts(self.train.stats())
     self._last_eval_counts = _counts(self.eval.stats())
     self.activity = 0  # RPCs so far; the server saves only after new ones.
+    # The first write that failed on a full or read-only disk: from then on
+    # every add_batch is refused with it and the server stops in order.
+    self.fault = None
 
   @classmethod
   def of(cls, config, **kwargs):
@@ -113,6 +117,7 @@ class ReplayService:
     rest without it, as the caller will not send them again.
     """
     self.activity += 1
+    self.check()
     envid, is_eval, data = self._check_batch(trans)
     shipment = shipment_of(trans, 'add_batch')
     unlogged = self._unlogged = batch_log.PendingRows(envid, is_eval, data, shipment)
@@ -130,11 +135,29 @@ class ReplayService:
           raise Closing('replay closed before the batch was stored')
         self._store(unlogged, index, counts)
     finally:
-      with self._log_lock:
+      with self._log_lock, self._storage():
         self._unlogged = None
         self._log(unlogged)
         self.wal.commit()  # Before the reply: what is acknowledged is logged.
     return {}
+
+  def check(self):
+    """Raises the StorageFault that stopped this service, if one did."""
+    if self.fault is not None:
+      raise StorageFault(f'replay stopped storing: {self.fault}')
+
+  @contextlib.contextmanager
+  def _storage(self):
+    """Turns a full or read-only disk's error into a StorageFault, kept
+    in `fault` (the first one)."""
+    try:
+      yield
+    except Exception as error:
+      fault = storage_fault(error)
+      if fault is None:
+        raise
+      self.fault = self.fault or fault
+      raise fault from None
 
   def release_inserts(self, sender):
     """Lets the add_batch calls of shipper `sender`, waiting or later, store
@@ -192,9 +215,12 @@ class ReplayService:
     deadline = None if timeout is None else time.monotonic() + timeout
     if not self._wait('sample', self.limiter.want_sample, timeout):
       raise Closing('Replay is closing.')
-    with self._log_lock:
+    # After a storage fault the learner still samples while the run stops:
+    # the log no longer counts samples (none of them was a stored row).
+    with self._log_lock, contextlib.suppress(StorageFault), self._storage():
       self.limiter.sample(self.batch_size)  # The limiter counts sequences.
-      self.wal.append({'samples': self.batch_size})
+      if self.fault is None:
+        self.wal.append({'samples': self.batch_size})
     self._notify()
     return self._sample(self.train, 'train', rows, deadline)
 
@@ -364,8 +390,12 @@ class ReplayService:
     is only written once they are on disk, and the segments are only dropped
     once the json is. A crash at any point leaves the old json with every
     segment since its generation, or the new json with every segment since
-    its own.
+    its own. A full or read-only disk raises a StorageFault.
     """
+    with self._storage():
+      self._save()
+
+  def _save(self):
     with self._log_lock:
       if self._unlogged is not None:
         self._log(self._unlogged)
@@ -431,10 +461,11 @@ class ReplayService:
     stored stops and fails (it is not acknowledged)."""
     self._closed = True
     self.interrupt()
-    with self._log_lock:
+    with self._log_lock, contextlib.suppress(StorageFault), self._storage():
       self.wal.close()
-    self.train.close()
-    self.eval.close()
+    for replay in (self.train, self.eval):
+      with contextlib.suppress(StorageFault), self._storage():
+        replay.close()
 
 
 # ------------------------------------------------------------------ process

@@ -38,6 +38,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from dreamer_ver.atomic import with_path
+
 log = logging.getLogger(__name__)
 
 MODES = ('flush', 'fsync', 'off')
@@ -76,7 +78,8 @@ class WriteAheadLog:
       file = self._file or self._open()
       # One write: a large record goes to the OS in one system call.
       file.write(b''.join([HEADER.pack(size, crc), *buffers]))
-    except BaseException:
+    except BaseException as error:
+      with_path(error, self._path(self.generation))
       self._abandon()
       raise
 
@@ -88,7 +91,8 @@ class WriteAheadLog:
       self._file.flush()
       if self.mode == 'fsync':
         os.fsync(self._file.fileno())
-    except BaseException:
+    except BaseException as error:
+      with_path(error, self._path(self.generation))
       self._abandon()
       raise
 

@@ -31,9 +31,11 @@ from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
+from dreamer_ver.atomic import storage_fault
 from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.links import Links, resolve
 from dreamer_ver.cluster.signals import StopSignal, every
+from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage
 from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
 from dreamer_ver.evaluation.periodic import PeriodicEvaluation
@@ -141,17 +143,34 @@ def run_agent(config, eval_host='process', stop=None):
   shipper = actor.shipper
   start = time.monotonic()
   failed = []  # The learner thread's exception, if it raised.
+  faults = []  # A save's StorageFault: no later save is tried.
   cause = None  # Why the agent cannot go on, once the main loop finds it.
   done = lambda: bool(stop) or shipper.served >= run.steps or (
       run.duration > 0 and time.monotonic() - start >= run.duration)
   server.start()
+
+  def save():
+    """Saves the learner; after a full or read-only disk, says so once
+    and stops the run in order (later saves are not tried)."""
+    if faults:
+      return False
+    try:
+      learner.save()
+      return True
+    except Exception as error:
+      fault = storage_fault(error, config.logdir)
+      if fault is None:
+        raise
+      faults.append(fault)
+      stop_for_storage('agent', f'{fault}; the last checkpoint stands', stop)
+      return False
 
   def learn():
     should_save = every(run.save_every)
     def stop_or_save():
       if should_save():
         counters['steps'] = shipper.served
-        learner.save()
+        save()
       return done()
     try:
       # Here, not before serving: the envs act and fill replay meanwhile.
@@ -196,6 +215,7 @@ def run_agent(config, eval_host='process', stop=None):
         stats = actor_stats(server.stats(), max(actor.buckets))
         stats['fps/policy'] = fps.result()
         stats['actor/served'] = shipper.served
+        stats['actor/ship_errors'] = shipper.errors
         stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
         lags = actor.take_lags()
         if lags:
@@ -218,8 +238,8 @@ def run_agent(config, eval_host='process', stop=None):
   else:
     release_last_shipments(links, shipper)
     counters['steps'] = shipper.stored  # What replay holds.
-    learner.save()
-    print(f'Agent saved at step {shipper.stored}.')
+    if save():
+      print(f'Agent saved at step {shipper.stored}.')
     if cause:
       print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
   if evaluation is not None:
@@ -227,7 +247,7 @@ def run_agent(config, eval_host='process', stop=None):
     eval_logger.close(timeout=1)
   for client in clients.values():
     client.close(timeout=1)
-  return 1 if cause else 0
+  return 1 if cause else USER_ERROR if faults else 0
 
 
 def run_learner(config, stop=None):

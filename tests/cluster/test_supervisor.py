@@ -458,3 +458,48 @@ def test_a_config_error_is_one_line_and_is_never_restarted(tmp_path, capfd):
   assert err.splitlines()[-1] == (
       'error: agent: the checkpoint in /x/ckpt cannot be read: move it away')
   assert 'Traceback' not in err and 'failed before it ever served' not in out
+
+
+def _ends_the_run_then_serves(config, ready):
+  """Asks to end the run with code 2, then serves until its stop is
+  ordered and exits 2 (what a server does after a full disk)."""
+  from dreamer_ver.cluster.signals import StopSignal
+  from dreamer_ver.cluster.supervisor import USER_ERROR, end_run
+  stop = StopSignal()
+  Path(ready).write_text('asked')
+  assert end_run(USER_ERROR)
+  while not stop.wait(0.1):
+    pass
+  Path(ready).write_text('stopped when ordered')
+  return USER_ERROR
+
+
+def test_a_child_that_asks_to_end_the_run_ends_it_in_order(tmp_path):
+  from types import SimpleNamespace
+  from dreamer_ver.cluster.signals import StopSignal
+  from dreamer_ver.cluster.supervisor import Supervisor
+  config = SimpleNamespace(logdir=str(tmp_path))
+  children = Supervisor(backoff=(0.0, 0.0))
+  ready, other = tmp_path / 'replay_ready', tmp_path / 'agent_ready'
+  children.start('replay', f'{__name__}:_ends_the_run_then_serves', config,
+                 str(ready), stop_order=1)
+  children.start('agent', f'{__name__}:_wait_for_stop', config, str(other))
+  try:
+    # The run's wait ends with the code the child asked for, while both
+    # children still run: nothing was restarted or killed.
+    assert children.wait_for('agent', StopSignal(install=False)) == 2
+    assert children.gave_up == ('replay', 2)
+    assert ready.read_text() == 'asked'
+    assert _wait_for(other.exists, 30, poll=0.1)
+    assert all(p.is_alive() for p in children.procs.values())
+  finally:
+    children.stop_all()
+  assert ready.read_text() == 'stopped when ordered'
+  assert children.procs['replay'].exitcode == 2
+  assert children.procs['agent'].exitcode == 0
+  assert not children.restarts
+
+
+def test_end_run_without_a_supervisor_says_so():
+  from dreamer_ver.cluster.supervisor import end_run
+  assert end_run(2) is False

@@ -24,6 +24,7 @@ from dreamer_ver.replay import server as replay_server
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.replay.service import Closing, ReplayService
+from helpers.storage import FullDisk
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
 
@@ -531,3 +532,50 @@ def test_released_shipments_are_stored_without_waiting_for_the_learner(
     service.close()
   blocked.join(timeout=5)
   assert len(outcome) == 1 and isinstance(outcome[0], Closing), outcome
+
+
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_a_full_disk_is_one_line_and_an_ordered_stop(
+    tmp_path, monkeypatch, capfd):
+  """The replay process after its disk filled: the batch it could not log
+  is refused to its sender, later ones at once; it says so in one line
+  naming the file and the space left, serves samples until it is stopped
+  (without a supervisor: by itself), and exits 2 without a traceback."""
+  replay_port = free_port()
+  config = make_config(tmp_path, **{
+      'run.replay_addr': f'127.0.0.1:{replay_port}',
+      'run.logger_addr': f'127.0.0.1:{free_port()}', 'run.log_every': 0})
+  services = []
+  build = ReplayService.of.__func__
+  monkeypatch.setattr(ReplayService, 'of', classmethod(
+      lambda cls, config: services.append(build(cls, config)) or services[-1]))
+  stop = StopSignal(install=False)
+  result = []
+  thread = threading.Thread(
+      target=lambda: result.append(replay_server.serve_replay(config, stop)),
+      daemon=True)
+  thread.start()
+  client = portal.Client(f'127.0.0.1:{replay_port}', 'TestReplay')
+  try:
+    assert client.connect(timeout=15)
+    for t in range(6):
+      client.add_batch(trans([0], [t])).result(10)
+    FullDisk(monkeypatch, services[0])
+    for t in (6, 7):
+      with pytest.raises(RuntimeError, match='StorageFault: '):
+        client.add_batch(trans([0], [t])).result(10)
+    thread.join(timeout=10)
+    assert result == [2]  # it stopped by itself
+  finally:
+    client.close(timeout=2)
+    stop.set()
+    thread.join(timeout=10)
+  assert result == [2]
+  out, err = capfd.readouterr()
+  (line,) = [x for x in err.splitlines() if x.startswith('error: replay:')]
+  assert line.startswith(
+      f'error: replay: no space left on device writing {tmp_path}/replay_wal/')
+  assert 'MB free of' in line and line.endswith(
+      'free space there (or make it writable), then run the same command '
+      'again to resume')
+  assert 'Traceback' not in out + err and '[Replay] add_batch' not in out

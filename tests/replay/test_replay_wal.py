@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from dreamer_ver import validation
+from dreamer_ver.atomic import StorageFault
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
@@ -27,6 +28,7 @@ from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.replay import service as replay_service
 from dreamer_ver.replay.service import Closing, ReplayService
+from helpers.storage import FullDisk
 
 B, T, C, R = 2, 4, 1, 2  # batch size, batch length, context, report length
 TRAIN_ENVS, EVAL_ENV = (0, 1, 2), 9
@@ -647,5 +649,44 @@ def test_a_call_resent_after_a_sigkill_stores_its_rows_once(tmp_path):
   try:
     assert held(service.train) == sorted(train + [9, 1009, 2009])
     assert held(service.eval) == sorted(evals)
+  finally:
+    service.close()
+
+
+# ------------------------------------------------------ a full disk
+
+def test_a_full_disk_refuses_batches_in_one_line_and_loses_nothing_acknowledged(
+    tmp_path, monkeypatch, caplog):
+  config = make_config(tmp_path)
+  service = ReplayService.of(config)
+  train, evals = fill(service.add_batch, 6)
+  service.save()
+  logged_train, logged_evals = fill(service.add_batch, 3, start=6)
+  disk = FullDisk(monkeypatch, service)
+
+  with pytest.raises(StorageFault) as refused:
+    service.add_batch(trans(TRAIN_ENVS, [9] * 3))  # not acknowledged
+  message = str(refused.value)
+  assert 'no space left on device writing' in message
+  assert str(tmp_path / 'replay_wal') in message and 'MB free of' in message
+  assert '\n' not in message
+  # Refused at once from now on, before a row is stored: no retry loop
+  # fills memory with rows that no log holds.
+  rows = held(service.train)
+  with pytest.raises(StorageFault, match='replay stopped storing: no space'):
+    service.add_batch(trans(TRAIN_ENVS, [10] * 3))
+  assert held(service.train) == rows
+  with pytest.raises(StorageFault):
+    service.save()  # the chunks' write fails, the checkpoint stays
+  service.close()  # says nothing more
+  assert not [r for r in caplog.records if r.exc_info]  # no traceback
+  del disk
+  monkeypatch.undo()  # space freed
+
+  service, loaded = reopen(config)
+  try:
+    assert held(service.train) == sorted(train + logged_train)
+    assert held(service.eval) == sorted(evals + logged_evals)
+    fill(service.add_batch, 1, start=9)  # and it stores again
   finally:
     service.close()
