@@ -285,6 +285,11 @@ def test_a_link_closed_at_shutdown_fails_the_shipment_without_raising(capsys):
   assert shipper.errors == 1 and len(logger.calls) == 1
   assert ('replay.add_batch failed: ActorReplay is closed'
           in capsys.readouterr().out)
+  # A server that refuses every batch (a full disk) is not a flood: the
+  # later failures are counted, not printed.
+  for _ in range(3):
+    shipper.ship({'envid': np.arange(2), 'is_eval': np.zeros(2, bool)}, {})
+  assert shipper.errors == 4 and capsys.readouterr().out == ''
 
 
 def test_a_new_env_beyond_the_carry_capacity_is_refused_never_mixed():

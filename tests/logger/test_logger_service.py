@@ -357,9 +357,14 @@ def test_a_run_ends_with_its_summary(tmp_path):
   assert 'no episode finished yet' in summary(tmp_path / 'empty', 1)
   # Stopped at start by a mistake (exit code 2): one line, no resume hint
   # (the same command would fail the same way until it is fixed).
-  stopped = summary(tmp_path, 20, code=2)
-  assert '\n' not in stopped and 'exit code 2' in stopped
-  assert 'fix what the error above names' in stopped
+  assert summary(tmp_path / 'empty', 20, code=2) == (
+      'Run stopped before it started (exit code 2): fix what the error '
+      'above names, then run the same command again.')
+  # Stopped later (a full disk): one line naming the last save's step.
+  assert summary(tmp_path, 20, code=2) == (
+      'Run stopped (exit code 2); its last save was at env step 12_345: fix '
+      'what the error above names, then run the same command again to '
+      'resume.')
 
 
 def test_malformed_tran_raises_and_changes_nothing(tmp_path):
