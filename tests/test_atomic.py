@@ -1,0 +1,43 @@
+"""dreamer_ver/atomic.py: atomic writes and the one-line storage fault."""
+
+import errno
+import os
+
+import pytest
+
+from dreamer_ver import atomic
+
+
+@pytest.mark.parametrize('code', [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_or_read_only_disk_is_a_one_line_fault_naming_the_file(
+    tmp_path, code):
+  try:
+    try:
+      raise OSError(code, os.strerror(code))  # a buffered write's: no name
+    except OSError as error:
+      raise RuntimeError('2 replay file operations failed') from (
+          atomic.with_path(error, tmp_path / 'replay_wal' / 'x.wal'))
+  except RuntimeError as wrapped:
+    fault = atomic.storage_fault(wrapped)
+  message = str(fault)
+  assert isinstance(fault, atomic.StorageFault) and '\n' not in message
+  assert message.startswith(
+      f'{os.strerror(code).lower()} writing {tmp_path}/replay_wal/x.wal (')
+  assert ' MB free of ' in message  # of the folder that exists
+  assert atomic.storage_fault(OSError(errno.EACCES, 'denied')) is None
+  assert atomic.storage_fault(ValueError('no')) is None
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(
+    tmp_path):
+  path = tmp_path / 'state.json'
+  atomic.write_json(path, {'step': 1})
+
+  def fail(file):
+    file.write(b'{"st')
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  with pytest.raises(OSError) as raised:
+    atomic.write_atomically(path, fail)
+  assert raised.value.filename == str(path) + '.tmp'
+  assert path.read_text() == '{"step": 1}'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['state.json']
