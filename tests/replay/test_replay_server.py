@@ -446,32 +446,43 @@ def wait_until(predicate, timeout):
   return predicate()
 
 
+class Serving:
+  """serve_replay(config) on a thread with no logger listening, and a
+  client connected to it; `result` gets its exit code. A context: on exit
+  the client closes and the server is stopped."""
+
+  def __init__(self, tmp_path, log_every):
+    port = free_port()
+    self.config = make_config(tmp_path, **{
+        'run.replay_addr': f'127.0.0.1:{port}',
+        'run.logger_addr': f'127.0.0.1:{free_port()}',  # Nobody listens.
+        'run.log_every': log_every})
+    self.stop = StopSignal(install=False)
+    self.result = []
+    self.thread = threading.Thread(target=lambda: self.result.append(
+        replay_server.serve_replay(self.config, self.stop)), daemon=True)
+    self.client = portal.Client(f'127.0.0.1:{port}', 'TestReplay')
+
+  def __enter__(self):
+    self.thread.start()
+    assert self.client.connect(timeout=15)
+    return self
+
+  def __exit__(self, *exc):
+    self.client.close(timeout=2)
+    self.stop.set()
+    self.thread.join(timeout=10)
+
+
 @pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
 def test_server_survives_a_missing_logger(tmp_path):
   """Stats go nowhere; the replay keeps serving and still stops promptly."""
-  replay_port = free_port()
-  config = make_config(tmp_path, **{
-      'run.replay_addr': f'127.0.0.1:{replay_port}',
-      'run.logger_addr': f'127.0.0.1:{free_port()}',  # Nobody listens.
-      'run.log_every': 0.2})
-  stop = StopSignal(install=False)
-  result = []
-  thread = threading.Thread(
-      target=lambda: result.append(replay_server.serve_replay(config, stop)),
-      daemon=True)
-  thread.start()
-  client = portal.Client(f'127.0.0.1:{replay_port}', 'TestReplay')
-  try:
-    assert client.connect(timeout=15)
+  with Serving(tmp_path, log_every=0.2) as serving:
     for t in range(6):
-      client.add_batch(trans([0], [t])).result(10)
+      serving.client.add_batch(trans([0], [t])).result(10)
     time.sleep(0.6)  # Several stats rounds while the logger is down.
-    check_sequences(client.sample_batch_train().result(10), T + C)
-  finally:
-    client.close(timeout=2)
-    stop.set()
-    thread.join(timeout=10)
-  assert result == [0]
+    check_sequences(serving.client.sample_batch_train().result(10), T + C)
+  assert serving.result == [0]
 
 
 def test_a_batch_blocked_in_the_limiter_at_a_stop_is_stored_before_its_reply(
@@ -541,36 +552,19 @@ def test_a_full_disk_is_one_line_and_an_ordered_stop(
   is refused to its sender, later ones at once; it says so in one line
   naming the file and the space left, serves samples until it is stopped
   (without a supervisor: by itself), and exits 2 without a traceback."""
-  replay_port = free_port()
-  config = make_config(tmp_path, **{
-      'run.replay_addr': f'127.0.0.1:{replay_port}',
-      'run.logger_addr': f'127.0.0.1:{free_port()}', 'run.log_every': 0})
   services = []
   build = ReplayService.of.__func__
   monkeypatch.setattr(ReplayService, 'of', classmethod(
       lambda cls, config: services.append(build(cls, config)) or services[-1]))
-  stop = StopSignal(install=False)
-  result = []
-  thread = threading.Thread(
-      target=lambda: result.append(replay_server.serve_replay(config, stop)),
-      daemon=True)
-  thread.start()
-  client = portal.Client(f'127.0.0.1:{replay_port}', 'TestReplay')
-  try:
-    assert client.connect(timeout=15)
+  with Serving(tmp_path, log_every=0) as serving:
     for t in range(6):
-      client.add_batch(trans([0], [t])).result(10)
+      serving.client.add_batch(trans([0], [t])).result(10)
     FullDisk(monkeypatch, services[0])
     for t in (6, 7):
       with pytest.raises(RuntimeError, match='StorageFault: '):
-        client.add_batch(trans([0], [t])).result(10)
-    thread.join(timeout=10)
-    assert result == [2]  # it stopped by itself
-  finally:
-    client.close(timeout=2)
-    stop.set()
-    thread.join(timeout=10)
-  assert result == [2]
+        serving.client.add_batch(trans([0], [t])).result(10)
+    serving.thread.join(timeout=10)
+    assert serving.result == [2]  # it stopped by itself
   out, err = capfd.readouterr()
   (line,) = [x for x in err.splitlines() if x.startswith('error: replay:')]
   assert line.startswith(
