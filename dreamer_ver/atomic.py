@@ -58,18 +58,27 @@ def _space(path):
 
 def write_atomically(path, write):
   """Calls `write(file)` on `<path>.tmp` opened for binary writing, then
-  renames it over `path`: a reader never sees a half file. On failure the
-  temporary file is removed (a full disk gets its space back) and an
-  OSError names it."""
+  renames it over `path`: a reader never sees a half file, after a killed
+  process or a lost machine (the data reaches the disk before the name
+  does, and the rename before this returns). On failure the temporary
+  file is removed (a full disk gets its space back) and an OSError names
+  it."""
   path = Path(path)
   tmp = path.with_name(path.name + '.tmp')
   try:
     with open(tmp, 'wb') as file:
       write(file)
+      file.flush()
+      os.fsync(file.fileno())
     os.replace(tmp, path)
   except BaseException as error:
     tmp.unlink(missing_ok=True)
     raise with_path(error, tmp)
+  folder = os.open(path.parent, os.O_RDONLY)
+  try:
+    os.fsync(folder)
+  finally:
+    os.close(folder)
 
 
 def write_json(path, data):

@@ -41,3 +41,21 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(
   assert raised.value.filename == str(path) + '.tmp'
   assert path.read_text() == '{"step": 1}'
   assert sorted(p.name for p in tmp_path.iterdir()) == ['state.json']
+
+
+def test_the_data_reaches_the_disk_before_the_name_and_the_name_before_return(
+    tmp_path, monkeypatch):
+  # What a lost machine (not just a killed process) needs: the temporary
+  # file's data synced before the rename, the folder's entry after it.
+  calls = []
+  real_fsync, real_replace = os.fsync, os.replace
+  monkeypatch.setattr(os, 'fsync', lambda fd: (
+      calls.append(('fsync', os.readlink(f'/proc/self/fd/{fd}'))),
+      real_fsync(fd)))
+  monkeypatch.setattr(os, 'replace', lambda a, b: (
+      calls.append(('replace', str(b))), real_replace(a, b)))
+  path = tmp_path / 'state.json'
+  atomic.write_json(path, {'step': 1})
+  assert calls == [('fsync', f'{path}.tmp'), ('replace', str(path)),
+                   ('fsync', str(tmp_path))]
+  assert path.read_text() == '{"step": 1}'

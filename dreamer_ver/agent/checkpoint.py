@@ -5,8 +5,11 @@ state of the same config); names, shapes and dtypes must all match, and any
 mismatch is reported by name instead of as a pytree traceback.
 
 A run's checkpoint folder (`logdir/ckpt/`, `Checkpoint`) holds `agent.npz`
-(params, optimizer, slow critic, normaliser, step and RNG) and
-`counters.json` (env steps served, params version), the latest; with
+(params, optimizer, slow critic, normaliser, step and RNG, and the counters:
+env steps served, params version) and `counters.json` (a readable copy of
+the counters: the file's own are read, so that a save killed between the
+two writes cannot pair one save's arrays with another's counters), the
+latest; with
 `keep` > 1 also the `keep - 1` saves before it, each a folder of the same
 two files, `ckpt/saved/<env step>/`, which `run.from_checkpoint` can name.
 The newest of them shares its file with `agent.npz` (a hard link).
@@ -38,6 +41,8 @@ class CheckpointUnreadable(ConfigError):
   one line that names the files and what to do (and exit code 2)."""
 
 
+# The entry of `agent.npz` that holds the counters, as UTF-8 JSON bytes.
+COUNTERS = '__counters__'
 # What reading a damaged save raises (a cut or flipped zip member fails
 # its CRC-32 check: zipfile.BadZipFile; a cut counters.json: ValueError).
 DAMAGED = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
@@ -48,17 +53,29 @@ def flatten(tree):
   return {jax.tree_util.keystr(path): np.asarray(x) for path, x in leaves}
 
 
-def save(tree, path):
-  """Writes atomically: a reader never sees a half-written file."""
+def save(tree, path, counters=None):
+  """Writes atomically: a reader never sees a half-written file. The
+  `counters` (a JSON-able dict) go into the same file."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  write_atomically(path, lambda file: np.savez(file, **flatten(tree)))
+  arrays = flatten(tree)
+  if counters is not None:
+    arrays[COUNTERS] = np.frombuffer(json.dumps(counters).encode(), np.uint8)
+  write_atomically(path, lambda file: np.savez(file, **arrays))
 
 
 def load(path, template):
   """Returns a tree shaped like `template` with the values stored at `path`."""
+  return _load(path, template)[0]
+
+
+def _load(path, template):
+  """(tree shaped like `template`, the counters stored with it or None)."""
   with np.load(path, allow_pickle=False) as data:
     stored = {k: data[k] for k in data.files}
+  counters = stored.pop(COUNTERS, None)
+  if counters is not None:
+    counters = json.loads(counters.tobytes())
   leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
   expected = {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
   problems = []
@@ -80,7 +97,7 @@ def load(path, template):
             problems[:5]) + (f' (+{len(problems) - 5} more)' if len(
                 problems) > 5 else ''))
   values = [stored[jax.tree_util.keystr(p)] for p, _ in leaves]
-  return jax.tree_util.tree_unflatten(treedef, values)
+  return jax.tree_util.tree_unflatten(treedef, values), counters
 
 
 def _few(names, limit=3):
@@ -112,13 +129,15 @@ class Checkpoint:
 
   def load(self, template):
     """(state shaped like `template`, counters); CheckpointMismatch names
-    what does not fit."""
-    state = load(self.directory / 'agent.npz', template)
-    counters = json.loads((self.directory / 'counters.json').read_text())
+    what does not fit. The counters are the file's own; counters.json
+    only where a save has none (written before they went into it)."""
+    state, counters = _load(self.directory / 'agent.npz', template)
+    if counters is None:
+      counters = json.loads((self.directory / 'counters.json').read_text())
     return state, counters
 
   def save(self, state, counters):
-    save(state, self.directory / 'agent.npz')
+    save(state, self.directory / 'agent.npz', counters)
     write_json(self.directory / 'counters.json', counters)
     if self.keep > 1:
       self._snapshot(counters)
@@ -127,12 +146,12 @@ class Checkpoint:
     """The kept earlier saves, oldest first (folders `run.from_checkpoint`
     can name)."""
     folder = self.directory / 'saved'
-    return sorted(p for p in folder.glob('*') if (p / 'agent.npz').is_file()
-                  ) if folder.is_dir() else []
+    return sorted(p for p in folder.glob('*') if p.name.isdigit() and (
+        p / 'agent.npz').is_file()) if folder.is_dir() else []
 
   def _snapshot(self, counters):
     """Keeps this save as `saved/<env step>/` and drops the oldest beyond
-    `keep - 1`."""
+    `keep - 1`, and whatever a save or removal killed midway left there."""
     folder = self.directory / 'saved' / f"{int(counters.get('steps', 0)):012d}"
     tmp = folder.with_name(folder.name + '.tmp')
     shutil.rmtree(tmp, ignore_errors=True)
@@ -141,8 +160,10 @@ class Checkpoint:
     write_json(tmp / 'counters.json', counters)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)  # A reader never sees a half-kept save.
-    for old in self.saved()[:-(self.keep - 1)]:
-      shutil.rmtree(old, ignore_errors=True)
+    kept = self.saved()[-(self.keep - 1):]
+    for old in folder.parent.iterdir():
+      if old not in kept:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def newest_intact(ckpt, template):
