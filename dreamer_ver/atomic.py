@@ -1,5 +1,6 @@
-"""File writes every layer may use (plain Python, no JAX): atomic JSON, and
-the one-line error a write gets when the disk is full or read-only."""
+"""File writes every layer may use (plain Python, no JAX): atomic JSON, the
+one-line error a write gets when the disk is full or read-only, and the
+one-line error a run's state file gets when it cannot be read back."""
 
 import errno
 import json
@@ -7,9 +8,17 @@ import os
 import shutil
 from pathlib import Path
 
+from dreamer_ver.validation import ConfigError
+
 # The errors after which no write to that file system will succeed until
 # an operator acts: the run stops in order instead of retrying.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class StateUnreadable(ConfigError):
+  """A state file the run wrote cannot be read back at start (a partial
+  copy, a flipped byte): the user must act, as on a config error (exit
+  code 2, not a restart). Its message names the file and what to do."""
 
 
 class StorageFault(RuntimeError):
@@ -86,3 +95,14 @@ def write_json(path, data):
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   write_atomically(path, lambda file: file.write(json.dumps(data).encode()))
+
+
+def read_json(path, afresh):
+  """The JSON state saved at `path`; StateUnreadable naming it when it
+  does not parse, where `afresh` says what moving it away starts afresh."""
+  try:
+    return json.loads(Path(path).read_text())
+  except (UnicodeDecodeError, ValueError) as error:
+    raise StateUnreadable(
+        f'{path} cannot be read ({type(error).__name__}: {error}). Put back '
+        f'an intact copy, or move it away to start {afresh} afresh.') from None

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dreamer_ver import atomic
+from dreamer_ver import atomic, validation
 
 
 @pytest.mark.parametrize('code', [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
@@ -59,3 +59,20 @@ def test_the_data_reaches_the_disk_before_the_name_and_the_name_before_return(
   assert calls == [('fsync', f'{path}.tmp'), ('replace', str(path)),
                    ('fsync', str(tmp_path))]
   assert path.read_text() == '{"step": 1}'
+
+
+@pytest.mark.parametrize('damage', [lambda text: text[:len(text) // 2],
+                                    lambda text: text.replace('{', '\xff')])
+def test_a_state_file_that_does_not_read_back_is_one_line_naming_it(
+    tmp_path, damage):
+  path = tmp_path / 'ckpt' / 'logger.json'
+  atomic.write_json(path, {'step': 12, 'episodes': 3})
+  assert atomic.read_json(path, 'the counts') == {'step': 12, 'episodes': 3}
+  path.write_bytes(damage(path.read_text()).encode('latin-1'))
+  with pytest.raises(validation.ConfigError) as raised:  # exit code 2
+    atomic.read_json(path, 'the counts')
+  message = str(raised.value)
+  assert isinstance(raised.value, atomic.StateUnreadable)
+  assert '\n' not in message and message.startswith(f'{path} cannot be read (')
+  assert message.endswith(
+      'Put back an intact copy, or move it away to start the counts afresh.')

@@ -38,7 +38,7 @@ from pathlib import Path
 import elements
 import numpy as np
 
-from dreamer_ver.atomic import write_json
+from dreamer_ver.atomic import read_json, write_json
 from dreamer_ver.logger.outputs import make_outputs, write_gif
 from dreamer_ver.transitions import (
     LOGGER_KEYS, check_rows, is_log, shipment_of)
@@ -359,7 +359,7 @@ class LoggerService:
     """Restores the counters; returns False when there is no checkpoint."""
     if not self.ckpt.exists():
       return False
-    state = json.loads(self.ckpt.read_text())
+    state = read_json(self.ckpt, "the logger's step and episode counts")
     with self._lock:
       self._step = int(state['step'])
       self._episodes_done['train'] = int(state.get('episodes', 0))

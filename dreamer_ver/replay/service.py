@@ -34,14 +34,14 @@ This module imports neither JAX nor the agent.
 
 import contextlib
 import functools
-import json
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.atomic import StorageFault, storage_fault, write_json
+from dreamer_ver.atomic import (
+    StorageFault, read_json, storage_fault, write_json)
 from dreamer_ver.replay import batch_log, build
 from dreamer_ver.replay.replay import mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
@@ -414,7 +414,7 @@ class ReplayService:
     eval_items = self.eval.load()
     limiter, covered = False, 0
     if self.ckpt.exists():
-      state = json.loads(self.ckpt.read_text())
+      state = read_json(self.ckpt, "replay's limiter")
       self.limiter.load(state['limiter'])
       self.shipments.load(state.get('shipments', {}))
       covered = state.get('wal_generation', 0)  # Older checkpoints: no log.

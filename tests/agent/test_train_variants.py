@@ -72,7 +72,7 @@ def test_k_updates_fused_in_one_call_equal_k_plain_updates(reference):
 def test_unrolled_scans_give_the_plain_updates(reference):
   _, batches, want = reference
   agent = agentlib.Agent(*vector_spaces(),
-                         small_config(**{'agent.scan_unroll': 4}))
+                         small_config(**{'agent.scan_unroll': 2}))
   assert_close(plain_updates(agent, batches), want)
 
 

@@ -9,6 +9,7 @@ import pytest
 from PIL import Image, ImageSequence
 
 from dreamer_ver.actor.shipping import SHIPMENT
+from dreamer_ver.atomic import StateUnreadable
 from dreamer_ver.config import compose
 from dreamer_ver.logger.server import serve_logger
 from dreamer_ver.logger.service import LoggerService
@@ -471,3 +472,15 @@ def test_server_round_trip_and_stop(tmp_path):
   assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text())[
       'step'] == 4
   assert [s['score'] for s in scores(tmp_path)] == [2.0, 5.0]
+
+
+def test_a_damaged_logger_json_at_start_is_one_line_naming_it(tmp_path):
+  service = make_service(tmp_path)
+  service.transitions(rows((0, 0.0, True, False)))
+  service.save()
+  path = tmp_path / 'ckpt' / 'logger.json'
+  path.write_text(path.read_text()[:5])  # a partial copy
+  with pytest.raises(StateUnreadable, match=(
+      rf"^{path} cannot be read \(JSONDecodeError: .*move it away to start "
+      r"the logger's step and episode counts afresh\.$")):
+    make_service(tmp_path).load()

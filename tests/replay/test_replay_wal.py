@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dreamer_ver import validation
-from dreamer_ver.atomic import StorageFault
+from dreamer_ver.atomic import StateUnreadable, StorageFault
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
@@ -688,5 +688,25 @@ def test_a_full_disk_refuses_batches_in_one_line_and_loses_nothing_acknowledged(
     assert held(service.train) == sorted(train + logged_train)
     assert held(service.eval) == sorted(evals + logged_evals)
     fill(service.add_batch, 1, start=9)  # and it stores again
+  finally:
+    service.close()
+
+
+def test_a_damaged_replay_json_at_start_is_one_line_naming_it(tmp_path):
+  config = make_config(tmp_path)
+  service = ReplayService.of(config)
+  fill(service.add_batch, 3)
+  service.save()
+  service.close()
+  path = tmp_path / 'ckpt' / 'replay.json'
+  data = bytearray(path.read_bytes())
+  data[0] ^= 0xFF  # a flipped byte
+  path.write_bytes(bytes(data))
+  service = ReplayService.of(config)
+  try:
+    with pytest.raises(StateUnreadable, match=(
+        rf"^{path} cannot be read \(UnicodeDecodeError: .*move it away to "
+        r"start replay's limiter afresh\.$")):
+      service.load()
   finally:
     service.close()
