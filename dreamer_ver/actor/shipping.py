@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+from dreamer_ver.atomic import StorageFault
 from dreamer_ver.transitions import SHIPMENT
 
 
@@ -37,6 +38,7 @@ class Shipper:
     self.stored = 0  # of those, the ones replay acknowledged
     self._unanswered = set()  # add_batch futures replay has not answered
     self.errors = 0  # add_batch / transitions calls that came back failed
+    self._told = False  # whether a failure was printed
     self._missed = {}  # envid -> its rows the logger has not received
     self._lock = threading.Lock()  # ship() runs on every worker thread
     self._seqs = itertools.count()
@@ -106,14 +108,16 @@ class Shipper:
   def _watch(self, future, what):
     """A failed call is counted (the metric `actor/ship_errors`) and the
     first is printed, so a rejected batch is never silent and a server
-    that refuses every batch (a full disk) does not flood the terminal."""
+    that refuses every batch (a full disk) does not flood the terminal. A
+    storage fault is not printed: the server that met it says it."""
     def done(future):
       error = future.exception()
       if error is not None:
+        said = getattr(error, 'kind', None) == StorageFault.__name__
         with self._lock:
           self.errors += 1
-          count = self.errors
-        if count == 1:
+          tell, self._told = not (said or self._told), self._told or not said
+        if tell:
           print(f'[actor] {what} failed: {error} (later failures are '
                 'counted in actor/ship_errors)', flush=True)
     future.add_done_callback(done)

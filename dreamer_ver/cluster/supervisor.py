@@ -6,6 +6,7 @@ env processes never load JAX or the agent.
 
 import collections
 import fcntl
+import json
 import multiprocessing
 import os
 import signal
@@ -51,28 +52,32 @@ def _call(name, target, config, parent, orders, shutdown, *args):
   raise SystemExit(code or 0)
 
 
-def end_run(code):
+def end_run(code, line='', step=None):
   """Asks this process's supervisor to stop the whole run in order and end
-  it with exit code `code`: for a fault this process said in one line and
-  that no restart cures (a full disk). This process serves on until its
-  stop is ordered. False where no supervisor runs it (the caller stops
-  by itself)."""
+  it with exit code `code`: for a fault that no restart cures (a full
+  disk). The supervisor prints `line` if this is the run's first such
+  request (processes that meet the same full disk say it once), and keeps
+  the env `step` this process reached unsaved for the run's summary. This
+  process serves on until its stop is ordered. False where no supervisor
+  runs it (the caller says its line and stops by itself)."""
   if _parent is None:
     return False
+  request = {'code': int(code), 'line': line, 'step': step}
   try:
-    _parent.orders.send_bytes(END_RUN + str(int(code)).encode())
+    _parent.orders.send_bytes(END_RUN + json.dumps(request).encode())
   except OSError:  # the supervisor is gone: this process stops anyway
     return False
   return True
 
 
-def stop_for_storage(role, fault, stop):
-  """Says a storage fault of process `role` in one line and stops the run
-  in order (`end_run` with USER_ERROR; without a supervisor, sets `stop`)."""
-  print(f'error: {role}: {fault}; free space there (or make it writable), '
-        'then run the same command again to resume', file=sys.stderr,
-        flush=True)
-  if not end_run(USER_ERROR):
+def stop_for_storage(role, fault, stop, step=None):
+  """A storage fault of process `role`: its one line, and the run stopped
+  in order (`end_run` with USER_ERROR and the env `step` reached unsaved;
+  without a supervisor, the line printed here and `stop` set)."""
+  line = (f'error: {role}: {fault}; free space there (or make it '
+          'writable), then run the same command again to resume')
+  if not end_run(USER_ERROR, line, step):
+    print(line, file=sys.stderr, flush=True)
     stop.set()
 
 
@@ -186,8 +191,10 @@ class Supervisor:
 
   A child that exits with `USER_ERROR` is not restarted either: its entry
   caught a ConfigError and printed it as one line. A child that calls
-  `end_run(code)` (a full disk) ends the run as one that gave up, with
-  that code, and is stopped in its group's turn like the others.
+  `end_run(code, line, step)` (a full disk) ends the run as one that gave
+  up, with that code, and is stopped in its group's turn like the others;
+  the first such line is printed, and `reached` is the largest env step a
+  child reached without saving it (None if none said one).
 
   A child started with a `probe` (the address its server listens on) is
   sent a heartbeat (`rpc.addresses.PING`) every tick. One that fails in its
@@ -226,6 +233,7 @@ class Supervisor:
     # (name, exit code) of a child in a crash loop, or of one that asked to
     # end the run (`end_run`)
     self.gave_up = None
+    self.reached = None
     self.peer_timeout = peer_timeout
     self.handshake = handshake
     self.heartbeats = {}  # name -> _Heartbeat, for children with a probe
@@ -249,7 +257,7 @@ class Supervisor:
     return proc
 
   def _spawn(self, name, target, config, args):
-    self._order_stop(name)  # A restart: its previous process is dead.
+    self._close_orders(name)  # A restart: its previous process is dead.
     # Duplex: the stop order goes down, a child's `end_run` comes up.
     orders, self.orders[name] = self.context.Pipe(duplex=True)
     proc = self.context.Process(
@@ -260,13 +268,21 @@ class Supervisor:
     return proc
 
   def _order_stop(self, name):
-    """Tells child `name` that the SIGTERM it gets next is our stop."""
-    orders = self.orders.pop(name, None)
+    """Tells child `name` that the SIGTERM it gets next is our stop. The
+    pipe stays open for what it sends while it stops (`_close_orders`)."""
+    orders = self.orders.get(name)
     if orders is not None:
       try:
         orders.send_bytes(STOP)
       except OSError:
         pass  # It is gone already (a broken pipe).
+
+  def _close_orders(self, name):
+    """Takes what child `name` sent up its pipe until it exited, then
+    closes it."""
+    self._requests(name)
+    orders = self.orders.pop(name, None)
+    if orders is not None:
       orders.close()
 
   def supervise(self):
@@ -332,14 +348,7 @@ class Supervisor:
     """Takes a child's request to end the run (`end_run`: `gave_up` names
     it and its code); kills a child that answered heartbeats before and has
     answered none for `peer_timeout` seconds (supervision restarts it)."""
-    orders = self.orders.get(name)
-    try:
-      while orders is not None and orders.poll():
-        message = orders.recv_bytes()
-        if message.startswith(END_RUN) and self.gave_up is None:
-          self.gave_up = (name, int(message[len(END_RUN):]))
-    except (EOFError, OSError):
-      pass  # it died: its exit code tells
+    self._requests(name)
     heartbeat = self.heartbeats.get(name)
     silence = heartbeat and heartbeat.silence(now)
     if silence is None:
@@ -356,6 +365,25 @@ class Supervisor:
       print(f'{name} (pid {proc.pid}) has answered no heartbeat for '
             f'{silence:.0f} s; killed at {self.peer_timeout:g} s '
             '(run.peer_timeout).', flush=True)
+
+  def _requests(self, name):
+    """Takes what child `name` sent up its orders pipe: requests to end the
+    run (`end_run`)."""
+    orders = self.orders.get(name)
+    try:
+      while orders is not None and orders.poll():
+        message = orders.recv_bytes()
+        if not message.startswith(END_RUN):
+          continue
+        request = json.loads(message[len(END_RUN):])
+        if request['step'] is not None:
+          self.reached = max(self.reached or 0, int(request['step']))
+        if self.gave_up is None:
+          self.gave_up = (name, int(request['code']))
+          if request['line']:
+            print(request['line'], file=sys.stderr, flush=True)
+    except (EOFError, OSError):
+      pass  # it died: its exit code tells
 
   def _failed_at_start(self, name, proc):
     """Whether a child with a heartbeat failed (a non-zero exit of its own,
@@ -429,6 +457,7 @@ class Supervisor:
                 'it.')
           self.procs[name].kill()
           self.procs[name].join()
+        self._close_orders(name)  # with what it sent while it stopped
 
 
 class _Heartbeat:

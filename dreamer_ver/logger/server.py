@@ -47,7 +47,7 @@ def serve_logger(config, stop=None):
         faults.append(fault)
         stop_for_storage(
             'logger', f'{fault}; env step {service.step:_} was not saved',
-            stop)
+            stop, step=service.step)
     return call
 
   def log():

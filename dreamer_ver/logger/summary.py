@@ -5,17 +5,20 @@ import json
 from pathlib import Path
 
 
-def summary(logdir, seconds, code=0):
+def summary(logdir, seconds, code=0, reached=None):
   """The summary of the run in `logdir` that took `seconds` this time and
   ends with exit code `code`: one line after a stop whose own line said
-  what to do (2: a mistake at start, a full disk)."""
+  what to do (2: a mistake at start, a full disk), naming the env step
+  `reached` where it is past the last save's (the logger could not save
+  it)."""
   logdir = Path(logdir)
   step = _read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)
-  if code == 2 and not step:
+  if code == 2 and not (step or reached):
     return ('Run stopped before it started (exit code 2): fix what the '
             'error above names, then run the same command again.')
-  if code == 2:  # e.g. a full disk: the error above names the step reached
-    return (f'Run stopped (exit code 2); its last save was at env step '
+  if code == 2:  # e.g. a full disk
+    at = f' at env step {reached:_}' if reached and reached > step else ''
+    return (f'Run stopped{at} (exit code 2); its last save was at env step '
             f'{step:_}: fix what the error above names, then run the same '
             'command again to resume.')
   train, evals = _last_scores(logdir / 'scores.jsonl')

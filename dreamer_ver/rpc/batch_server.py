@@ -57,10 +57,13 @@ from .shm import ShmTransport
 from .tcp_transport import TcpTransport
 from .thread_transport import ThreadTransport
 from .transport import missing
+from .wire import failure
 
 _FAILED = object()  # the context of a batch whose handler raised
 # What the refusal of an env id that another open connection holds says.
-TAKEN = 'is already used by another connection'
+# The kind of error (`wire.RemoteError.kind`) an env gets for an env id
+# that another open connection holds.
+ENV_ID_TAKEN = 'EnvIdTaken'
 
 
 class BatchServer:
@@ -288,9 +291,10 @@ class BatchServer:
     for envid in envids:
       owner = self._owner.get(envid, conn)
       if owner != conn and self._is_open(owner):
-        return (f'env id {envid} {TAKEN} '
-                f'({owner}); every env needs an id of its own (give each '
-                f'host its own run.envid_offset)')
+        return failure(
+            self.method, ENV_ID_TAKEN, f'env id {envid} is already used by '
+            f'another connection ({owner}); every env needs an id of its '
+            'own (give each host its own run.envid_offset)')
     for envid in envids:
       if not isinstance(envid, tuple):  # An id, not the conn stand-in.
         self._owner[envid] = conn

@@ -58,7 +58,7 @@ class BlockingClient:
 
   def recv(self, reqnum, stop=None, poll=0.5):
     """Waits for the reply to `reqnum`. Returns None once `stop` is set while
-    waiting; raises Disconnected if the server goes away and RuntimeError
+    waiting; raises Disconnected if the server goes away and RemoteError
     with the server's message for an error reply."""
     while reqnum not in self.early:
       if self.sock is None:

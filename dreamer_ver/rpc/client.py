@@ -101,7 +101,7 @@ class Client:
 
   def call(self, method, *args):
     """Sends `method(*args)`; returns a concurrent.futures.Future of the
-    result (an error reply raises RuntimeError from `result()`). While
+    result (an error reply raises RemoteError from `result()`). While
     `maxinflight` calls are outstanding it blocks or drops (`when_full`)."""
     future = concurrent.futures.Future()
     with self._cond:

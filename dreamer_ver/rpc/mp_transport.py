@@ -14,7 +14,7 @@ so it is made in the server's process first. `client.close()` frees its
 env ids at once; a client whose process dies without closing keeps them
 until `expire` seconds without a call have passed. Closing the transport
 wakes every waiting caller with Disconnected; errors come back as
-RuntimeError with the server's message. Replies are pickled: for callers
+RemoteError with the server's message. Replies are pickled: for callers
 on the server's host, the 'shm' transport copies less.
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 from portal.client_socket import Disconnected
 
 from .transport import Transport, drain
+from .wire import RemoteError
 
 _CLOSE = -1  # the reqnum of a client's goodbye
 _GONE = -2  # the reqnum of the server's goodbye to a waiting client
@@ -133,7 +134,7 @@ class MPClient:
     self.reqnum = 0
 
   def call(self, data, timeout=None):
-    """The reply to one call (a dict of arrays); RuntimeError with the
+    """The reply to one call (a dict of arrays); RemoteError with the
     server's message, TimeoutError after `timeout` seconds, Disconnected
     once the server closed."""
     self.reqnum += 1
@@ -152,7 +153,7 @@ class MPClient:
       if reqnum == self.reqnum:  # Not the late reply of a timed-out call.
         break
     if not ok:
-      raise RuntimeError(value)
+      raise RemoteError(value)
     return value
 
   def close(self):

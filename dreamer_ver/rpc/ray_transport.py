@@ -12,7 +12,7 @@ calls in batches and hands each reply back to the inbox. A client that
 closes frees its env ids at once; one that dies without closing (its worker
 killed) is dropped after `expire` seconds without a call. Closing the
 transport kills the inbox; waiting callers then get Ray's RayActorError.
-Errors come back as RuntimeError with the server's message.
+Errors come back as RemoteError with the server's message.
 """
 
 import itertools
@@ -22,6 +22,7 @@ import uuid
 import numpy as np
 
 from .transport import Transport
+from .wire import RemoteError
 
 
 class RayTransport(Transport):
@@ -101,12 +102,12 @@ class RayClient:
     return self.inbox.call.remote(self.conn, data)
 
   def call(self, data, timeout=None):
-    """Waits for the reply to one call: the value, or RuntimeError with the
+    """Waits for the reply to one call: the value, or RemoteError with the
     server's message."""
     import ray
     ok, value = ray.get(self.submit(data), timeout=timeout)
     if not ok:
-      raise RuntimeError(value)
+      raise RemoteError(value)
     return value
 
   def close(self):

@@ -24,6 +24,7 @@ import traceback
 
 from .addresses import PING
 from .server_socket import BadCall, ServerSocket, parse_call
+from .wire import failure
 
 
 class Server:
@@ -138,7 +139,7 @@ class Server:
     try:
       result = function(*args)
     except Exception as e:
-      message = f'{method}: {type(e).__name__}: {e}'
+      message = failure(method, type(e).__name__, e)
       if not isinstance(e, self.quiet):
         print(f'[{self.name}] {message}', flush=True)
       self._count('errors')

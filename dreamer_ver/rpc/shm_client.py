@@ -17,7 +17,7 @@ from .addresses import HANDSHAKE
 from .shm_protocol import (
     CALL, REPLY, SEALS, SLOT, Slot, array_views, endpoints, layout_of,
     nbytes, same_user)
-from .wire import Refusals
+from .wire import Refusals, RemoteError
 
 
 class ShmClient:
@@ -98,7 +98,7 @@ class ShmClient:
   def recv(self, reqnum, stop=None, poll=0.5):
     """The reply to `reqnum` (copies of the slot's reply arrays). None once
     `stop` is set while waiting; Disconnected if the server goes away;
-    RuntimeError with the server's message for an error reply."""
+    RemoteError with the server's message for an error reply."""
     while reqnum not in self._replies:
       if not self._read(stop, poll):
         return None
@@ -106,7 +106,7 @@ class ShmClient:
     layout, slot = self._inflight.pop(reqnum)
     self._free[layout].append(slot)
     if status:
-      raise RuntimeError(message)
+      raise RemoteError(message)
     return {k: v.copy() for k, v in slot.reply.items()}
 
   def close(self):

@@ -3,7 +3,7 @@ process (tests, notebooks, a user's own loop), without sockets or copies.
 
 A `ThreadClient` hands its dict of numpy arrays to the server without a copy
 (do not write to the arrays until the reply came) and gets a Future for the
-reply: the value, RuntimeError with the server's message for an error, or
+reply: the value, RemoteError with the server's message for an error, or
 portal's Disconnected when the client or the server closed first.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 from portal.client_socket import Disconnected
 
 from .transport import Transport, drain
+from .wire import RemoteError
 
 
 class ThreadTransport(Transport):
@@ -67,7 +68,7 @@ class ThreadTransport(Transport):
   def error_reply(self, conn, reqnum, status, message):
     future = self._pop(conn, reqnum)
     if future is not None:
-      future.set_exception(RuntimeError(message))
+      future.set_exception(RemoteError(message))
     return False
 
   def disconnect(self, conn):

@@ -10,6 +10,7 @@ either, so clients built on these functions need no change on their side.
 """
 
 import itertools
+import re
 import select
 import socket
 
@@ -19,6 +20,23 @@ from portal import packlib
 
 from . import auth
 from .addresses import current
+
+
+class RemoteError(RuntimeError):
+  """An error reply, raised where its call's result is read: the server's
+  message, and `kind`, the name of the error its method raised (None where
+  the message is not `failure`'s form, say a portal server's), so that a
+  caller tells faults apart by name, not by their words."""
+
+  def __init__(self, message):
+    super().__init__(message)
+    found = re.match(r'[^:\s]+: ([A-Za-z_]\w*): ', message)
+    self.kind = found.group(1) if found else None
+
+
+def failure(method, kind, detail):
+  """An error reply's message: `<method>: <kind>: <detail>`."""
+  return f'{method}: {kind}: {detail}'
 
 
 class Refusals:
@@ -232,11 +250,11 @@ def recv(sock, stop, max_size, poll=0.5):
 
 def reply(frame):
   """A reply frame -> (request number, result); an error reply raises
-  RuntimeError with the server's message."""
+  RemoteError with the server's message."""
   reqnum = int.from_bytes(frame[:8], 'little')
   status = int.from_bytes(frame[8:16], 'little')
   if status:
-    raise RuntimeError(bytes(frame[16:]).decode('utf-8', 'replace'))
+    raise RemoteError(bytes(frame[16:]).decode('utf-8', 'replace'))
   return reqnum, unpack(frame[16:])
 
 

@@ -24,9 +24,10 @@ from dreamer_ver.envs import make_run_env
 from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.addresses import handshake as token_handshake
 from dreamer_ver.rpc.addresses import split_addr
-from dreamer_ver.rpc.batch_server import TAKEN
+from dreamer_ver.rpc.batch_server import ENV_ID_TAKEN
 from dreamer_ver.rpc.blocking_client import BlockingClient
 from dreamer_ver.rpc.shm_client import ShmClient
+from dreamer_ver.rpc.wire import RemoteError
 
 
 TAKEN_SECONDS = 40  # past the actor's keepalive bound on a dead peer (25 s)
@@ -93,7 +94,7 @@ def _wait_for_ids(error, since, stop):
   connection may be a dead host's, which the actor closes once its
   keepalive probes go unanswered (`rpc/server_socket.py`, 25 s); after
   TAKEN_SECONDS the error is raised (two hosts with the same ids)."""
-  if TAKEN not in str(error):
+  if not (isinstance(error, RemoteError) and error.kind == ENV_ID_TAKEN):
     raise error
   now = time.monotonic()
   if since is None:

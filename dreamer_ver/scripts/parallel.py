@@ -54,7 +54,8 @@ def parallel(config):
       _start_env_workers(children, config, offset=0)
     children.start('agent', AGENT, config, probe=run.actor_addr)
     code = _wait(children, 'agent', stop)
-  print(summary(config.logdir, time.monotonic() - began, code), flush=True)
+  print(summary(config.logdir, time.monotonic() - began, code,
+                children.reached), flush=True)
   return code
 
 

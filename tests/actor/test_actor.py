@@ -392,3 +392,31 @@ def test_log_keys_every_row_carries_are_stacked_and_the_rest_dropped():
   np.testing.assert_array_equal(logs['log/a'], [0, 1, 2])
   datas[0]['log/c'] = 0
   np.testing.assert_array_equal(_log_keys(datas)['log/c'], [0, 1, 1])
+
+
+def test_a_storage_fault_replay_refused_with_is_counted_not_printed(capsys):
+  """Replay says its full disk itself, in one line; the actor adds none,
+  and still prints the first failure of another kind."""
+  from dreamer_ver.rpc.wire import RemoteError
+
+  class FullReplay:
+    def __init__(self, message):
+      self.message = message
+
+    def add_batch(self, trans):
+      raise RemoteError(self.message)
+
+  full = RemoteError('add_batch: StorageFault: no space left on device '
+                     'writing /x/replay_wal/1.wal (0.0 MB free of 10.5 MB)')
+  assert full.kind == 'StorageFault'
+  batch = {'envid': np.arange(2), 'is_eval': np.zeros(2, bool)}
+  shipper = Shipper(FullReplay(str(full)), FlakyLogger(drop=[]))
+  for _ in range(3):
+    shipper.ship(batch, {})
+  assert shipper.errors == 3 and capsys.readouterr().out == ''
+  shipper.replay = FullReplay('add_batch: ValueError: bad rows')
+  shipper.ship(batch, {})
+  shipper.ship(batch, {})
+  assert shipper.errors == 5
+  assert capsys.readouterr().out.count(
+      'replay.add_batch failed: add_batch: ValueError: bad rows') == 1

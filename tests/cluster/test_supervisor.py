@@ -467,14 +467,27 @@ def _ends_the_run_then_serves(config, ready):
   from dreamer_ver.cluster.supervisor import USER_ERROR, end_run
   stop = StopSignal()
   Path(ready).write_text('asked')
-  assert end_run(USER_ERROR)
+  assert end_run(USER_ERROR, 'error: replay: no space left on device')
   while not stop.wait(0.1):
     pass
   Path(ready).write_text('stopped when ordered')
   return USER_ERROR
 
 
-def test_a_child_that_asks_to_end_the_run_ends_it_in_order(tmp_path):
+def _meets_the_full_disk_as_it_stops(config):
+  """At its stop, fails to save the env step it reached (a logger)."""
+  from dreamer_ver.cluster.signals import StopSignal
+  from dreamer_ver.cluster.supervisor import stop_for_storage
+  stop = StopSignal()
+  while not stop.wait(0.1):
+    pass
+  stop_for_storage('logger', 'no space left on device; env step 597 was '
+                   'not saved', stop, step=597)
+  return 2
+
+
+def test_a_child_that_asks_to_end_the_run_ends_it_in_order(
+    tmp_path, capfd):
   from types import SimpleNamespace
   from dreamer_ver.cluster.signals import StopSignal
   from dreamer_ver.cluster.supervisor import Supervisor
@@ -483,6 +496,8 @@ def test_a_child_that_asks_to_end_the_run_ends_it_in_order(tmp_path):
   ready, other = tmp_path / 'replay_ready', tmp_path / 'agent_ready'
   children.start('replay', f'{__name__}:_ends_the_run_then_serves', config,
                  str(ready), stop_order=1)
+  children.start('logger', f'{__name__}:_meets_the_full_disk_as_it_stops',
+                 config, stop_order=1)
   children.start('agent', f'{__name__}:_wait_for_stop', config, str(other))
   try:
     # The run's wait ends with the code the child asked for, while both
@@ -498,6 +513,11 @@ def test_a_child_that_asks_to_end_the_run_ends_it_in_order(tmp_path):
   assert children.procs['replay'].exitcode == 2
   assert children.procs['agent'].exitcode == 0
   assert not children.restarts
+  # The first request's line is said once, by the supervisor; the logger's
+  # (sent as it stopped) adds only the step it reached unsaved.
+  assert capfd.readouterr().err.splitlines() == [
+      'error: replay: no space left on device']
+  assert children.reached == 597
 
 
 def test_end_run_without_a_supervisor_says_so():

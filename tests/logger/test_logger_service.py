@@ -366,6 +366,14 @@ def test_a_run_ends_with_its_summary(tmp_path):
       'Run stopped (exit code 2); its last save was at env step 12_345: fix '
       'what the error above names, then run the same command again to '
       'resume.')
+  # ... and the step the run reached, where the logger could not save it.
+  assert summary(tmp_path, 20, code=2, reached=13000) == (
+      'Run stopped at env step 13_000 (exit code 2); its last save was at '
+      'env step 12_345: fix what the error above names, then run the same '
+      'command again to resume.')
+  assert summary(tmp_path / 'empty', 20, code=2, reached=600).startswith(
+      'Run stopped at env step 600 (exit code 2); its last save was at env '
+      'step 0: ')
 
 
 def test_malformed_tran_raises_and_changes_nothing(tmp_path):

@@ -20,10 +20,11 @@ import portal
 import pytest
 
 from dreamer_ver.actor import preemption
-from dreamer_ver.rpc.batch_server import BatchServer
+from dreamer_ver.rpc.batch_server import ENV_ID_TAKEN, BatchServer
 from dreamer_ver.rpc.addresses import PING, free_port
 from dreamer_ver.rpc.client import Client
 from dreamer_ver.rpc.shm_client import ShmClient
+from dreamer_ver.rpc.wire import RemoteError
 
 TIMEOUT = 5.0
 TRANSPORTS = ('tcp', 'shm', 'thread')
@@ -628,8 +629,11 @@ def test_an_env_id_belongs_to_one_connection_at_a_time(transport):
         np.testing.assert_array_equal(reply['y'], 2 * x)
         # A second connection with the same id (alone or in a multi-env
         # call) is refused, and never reaches the handler.
-        with pytest.raises(RuntimeError, match='env id 5 is already used'):
+        with pytest.raises(RuntimeError, match='env id 5 is already used') as (
+            taken):
           result(second.act({'x': 3 * x, 'envid': np.int64(5)}))
+        # Its kind, as our clients read it (portal.Client's is RuntimeError).
+        assert RemoteError(str(taken.value)).kind == ENV_ID_TAKEN
         with pytest.raises(RuntimeError, match='env id 5 is already used'):
           result(second.act({'x': np.stack([3 * x, 3 * x]),
                              'envid': np.array([6, 5])}))

@@ -61,8 +61,11 @@ def test_results_by_value_and_errors_to_their_caller_only():
       with pytest.raises(RuntimeError, match='add: ValueError: negative x=-1'):
         bad.result(timeout=10)
       np.testing.assert_array_equal(good.result(timeout=10)['sum'], [6, 6])
-      with pytest.raises(RuntimeError, match="KeyError: 'y'"):
+      with pytest.raises(wire.RemoteError, match="KeyError: 'y'") as raised:
         ours.lookup('y').result(timeout=10)
+      # Our clients name the error's kind; a message of another form none.
+      assert raised.value.kind == 'KeyError'
+      assert wire.RemoteError('Unknown method nope').kind is None
       assert ours.lookup('x').result(timeout=10) == 1
     finally:
       theirs.close()

@@ -28,13 +28,15 @@ def test_ids_another_connection_holds_are_asked_for_again_for_a_while(
   it is dead: its replacement asks again instead of crashing, for
   TAKEN_SECONDS; other errors, and a wait past that, are raised."""
   import threading
-  from dreamer_ver.rpc.batch_server import TAKEN
+  from dreamer_ver.rpc.batch_server import ENV_ID_TAKEN
+  from dreamer_ver.rpc.wire import RemoteError, failure
   from dreamer_ver.runtime import env_worker
   now = [100.0]
   monkeypatch.setattr(env_worker.time, 'monotonic', lambda: now[0])
   stop = threading.Event()
   stop.set()  # No real waiting.
-  taken = RuntimeError(f'env id 3 {TAKEN} (conn 7)')
+  taken = RemoteError(failure('act', ENV_ID_TAKEN,
+                              'env id 3 is already used by conn 7'))
   since = env_worker._wait_for_ids(taken, None, stop)
   assert since == 100.0
   now[0] += env_worker.TAKEN_SECONDS
@@ -44,3 +46,7 @@ def test_ids_another_connection_holds_are_asked_for_again_for_a_while(
     env_worker._wait_for_ids(taken, since, stop)
   with pytest.raises(RuntimeError, match='bad key'):
     env_worker._wait_for_ids(RuntimeError('bad key'), None, stop)
+  # The words alone do not make it a taken id: the error's kind does.
+  words = RemoteError('act: ValueError: env id 3 is already used by conn 7')
+  with pytest.raises(RemoteError, match='already used'):
+    env_worker._wait_for_ids(words, None, stop)

@@ -86,9 +86,11 @@ def test_a_bad_call_errors_its_caller_and_a_dead_client_frees_its_env(server):
              'envid': np.int64(4)}, timeout=TIMEOUT)
   # ... keeps it while it may still come back ...
   other = transport.client()
-  with pytest.raises(RuntimeError, match='env id 4 is already used'):
+  with pytest.raises(RuntimeError, match='env id 4 is already used') as (
+      taken):
     other.call({'x': np.float32(2), 'is_first': np.bool_(True),
                 'envid': np.int64(4)}, timeout=TIMEOUT)
+  assert taken.value.kind == 'EnvIdTaken'  # what an env waits on
   # ... and loses it `expire` (2 s) after its last call; others are served.
   time.sleep(3.0)
   rows = env_loop(other, 4, 3)
