@@ -49,7 +49,7 @@ STOP_ORDER = ('envs', 'agent', 'replay', 'logger')
 SHUTDOWN_BUDGET = 60
 
 
-def run_flags(envs, length, step_time=0.01):
+def run_flags(envs, length, step_time=0.01, peer_timeout=PEER_TIMEOUT):
   """The run checked by bench/chaos.py's row checks (see its docstring):
   tagged steps, no learning (lr 0), no latents written back, no eval."""
   return {'configs': 'debug', 'task': 'synthetic_tagged', 'run.envs': envs,
@@ -57,7 +57,7 @@ def run_flags(envs, length, step_time=0.01):
           'env.synthetic.step_time': step_time, 'agent.opt.lr': 0,
           'replay_context': 0, 'replay.size': '1e7', 'run.steps': '1e9',
           'run.log_every': 2, 'run.save_every': 10,
-          'run.peer_timeout': PEER_TIMEOUT}
+          'run.peer_timeout': peer_timeout}
 
 
 class Run:

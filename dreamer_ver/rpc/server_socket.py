@@ -126,15 +126,6 @@ class ServerSocket(portal.ServerSocket):
   LOG_PERIOD = 60.0
   TICK = 0.2  # Seconds between the loop's checks of deadlines.
   READ_BURST = 16  # Calls read from one connection in one round at most.
-  # How every connection finds out that its peer is gone: TCP keepalive
-  # (idle seconds, seconds between probes, probes) and the longest that
-  # sent data may stay unacknowledged (seconds; without it a reply sent
-  # into a cut-off link is resent for about 15 minutes). A peer whose host
-  # vanished (or was cut off while its process died) sends no close: its
-  # connection would stay open and keep its env ids; this closes it
-  # within 25 s, and at the first probe where its host answers a reset.
-  KEEPALIVE = (10, 5, 3)
-  UNACKNOWLEDGED = 25
   ROUTINE = ('Binding to', 'Listening at', 'Accepted connection', 'Dropping')
   GONE = ('ConnectionResetError', 'BrokenPipeError', 'EOFError')
 
@@ -263,7 +254,7 @@ class ServerSocket(portal.ServerSocket):
       return
     conn = next(reversed(self.conns.values()))
     conn.opened = time.monotonic()
-    _keep_alive(conn.sock, *self.KEEPALIVE, self.UNACKNOWLEDGED)
+    wire.keep_alive(conn.sock)
 
   def _handshaking(self, conn):
     """Whether `conn` has yet to pass its handshake."""
@@ -481,17 +472,3 @@ def _read_calls(conn, max_size, burst, budget=READ_BYTES):
 
 def _status(code):
   return code.to_bytes(8, 'little')
-
-
-def _keep_alive(sock, idle, interval, probes, unacknowledged):
-  """Has the kernel probe `sock`'s peer after `idle` silent seconds and
-  close the connection once sent data waits `unacknowledged` seconds."""
-  tcp = socketlib.IPPROTO_TCP
-  try:
-    sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_KEEPALIVE, 1)
-    sock.setsockopt(tcp, socketlib.TCP_KEEPIDLE, idle)
-    sock.setsockopt(tcp, socketlib.TCP_KEEPINTVL, interval)
-    sock.setsockopt(tcp, socketlib.TCP_KEEPCNT, probes)
-    sock.setsockopt(tcp, socketlib.TCP_USER_TIMEOUT, 1000 * unacknowledged)
-  except (OSError, AttributeError):  # Closed already, or not Linux.
-    pass

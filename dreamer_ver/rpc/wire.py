@@ -80,6 +80,34 @@ class Refusals:
     return min(self.retry * 2 ** self.count, self.longest) if self.count else 0
 
 
+# How each end of a connection finds out that the other is gone: TCP
+# keepalive (idle seconds, seconds between probes, probes) and the longest
+# that sent data may stay unacknowledged (seconds; without it a reply sent
+# into a cut-off link is resent for about 15 minutes). A peer whose host
+# vanished (or was cut off while its process died) sends no close, and an
+# end that gave up on a cut link (ETIMEDOUT) sends none either: the other
+# end would wait on it for good (a server keeping its env ids, a client
+# waiting for a reply). This ends it within 25 s, and at the first probe
+# that reaches a host without the connection (it answers a reset).
+KEEPALIVE = (10, 5, 3)
+UNACKNOWLEDGED = 25
+
+
+def keep_alive(sock):
+  """Has the kernel probe `sock`'s peer after KEEPALIVE's silent seconds
+  and end the connection once sent data waits UNACKNOWLEDGED seconds."""
+  tcp = socket.IPPROTO_TCP
+  idle, interval, probes = KEEPALIVE
+  try:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(tcp, socket.TCP_KEEPIDLE, idle)
+    sock.setsockopt(tcp, socket.TCP_KEEPINTVL, interval)
+    sock.setsockopt(tcp, socket.TCP_KEEPCNT, probes)
+    sock.setsockopt(tcp, socket.TCP_USER_TIMEOUT, 1000 * UNACKNOWLEDGED)
+  except (OSError, AttributeError):  # Closed already, or not Linux.
+    pass
+
+
 def connect(addr, handshake, stop, retry=0.1):
   """A connected socket that has passed the handshake (`auth.introduce`);
   retries until `stop` (a threading.Event or anything with `is_set` and
@@ -96,6 +124,7 @@ def connect(addr, handshake, stop, retry=0.1):
     try:
       sock = socket.create_connection(target, timeout=1.0)
       sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+      keep_alive(sock)
       auth.introduce(sock, handshake)
       sock.settimeout(None)  # blocking; `recv` polls with select
     except auth.Refused as e:

@@ -17,7 +17,7 @@ from helpers.sockets import closed_by_peer
 
 from dreamer_ver.rpc import wire
 from dreamer_ver.rpc.client import Client
-from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.addresses import HANDSHAKE, free_port
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.rpc.server_socket import (
     READ_BYTES, ServerSocket, parse_call)
@@ -346,8 +346,10 @@ def test_a_call_larger_than_a_rounds_read_arrives_whole():
 
 
 def test_the_kernel_probes_every_connection_for_a_vanished_peer():
-  """A peer whose host is gone sends no close; keepalive probes end its
-  connection (tests/system/test_hosts.py cuts a host off for real)."""
+  """A peer whose host is gone sends no close, and neither does an end
+  that gave up on a cut link: keepalive probes end the connection at both
+  ends, so neither waits on it for good (tests/system/test_hosts.py cuts
+  hosts off for real)."""
   with _serving({'add': lambda x, y: x + y}) as (server, client, port):
     assert client.add(1, 2).result(timeout=10) == 3
     (conn,) = server.socket.conns.values()
@@ -356,5 +358,9 @@ def test_the_kernel_probes_every_connection_for_a_vanished_peer():
                (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
                (socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
                (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)]
-    assert [conn.sock.getsockopt(*o) for o in options] == [
-        1, *server.socket.KEEPALIVE, 1000 * server.socket.UNACKNOWLEDGED]
+    want = [1, *wire.KEEPALIVE, 1000 * wire.UNACKNOWLEDGED]
+    assert [conn.sock.getsockopt(*o) for o in options] == want
+    stop = threading.Event()
+    with contextlib.closing(wire.connect(
+        ('127.0.0.1', port), HANDSHAKE, stop)) as ours:  # a client's end
+      assert [ours.getsockopt(*o) for o in options] == want
