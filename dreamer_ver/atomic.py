@@ -1,6 +1,7 @@
-"""File writes every layer may use (plain Python, no JAX): atomic JSON, the
-one-line error a write gets when the disk is full or read-only, and the
-one-line error a run's state file gets when it cannot be read back."""
+"""File writes every layer may use (plain Python, no JAX): atomic JSON, lines
+appended to a JSONL file, the one-line error a write gets when the disk is
+full or read-only, and the one-line error a run's state file gets when it
+cannot be read back."""
 
 import errno
 import json
@@ -106,3 +107,13 @@ def read_json(path, afresh):
     raise StateUnreadable(
         f'{path} cannot be read ({type(error).__name__}: {error}). Put back '
         f'an intact copy, or move it away to start {afresh} afresh.') from None
+
+
+def append_line(path, line):
+  """Appends `line` and a newline to the text file `path`. A last line that
+  a kill cut short gets its newline first, so that it does not swallow
+  this one (readers skip the cut line alone)."""
+  with open(path, 'a+b') as file:
+    if file.tell() and (file.seek(-1, os.SEEK_END), file.read(1))[1] != b'\n':
+      file.write(b'\n')
+    file.write(line.encode() + b'\n')

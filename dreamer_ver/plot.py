@@ -79,7 +79,7 @@ def load_scores(path, eval=False):
   episodes in a logdir's `scores.jsonl` (or that file): train episodes, or
   eval episodes with `eval=True`. Blank or truncated lines are skipped."""
   steps, scores = [], []
-  with series_path(path).open() as f:
+  with series_path(path).open(errors='replace') as f:  # a flipped byte
     for line in f:
       line = line.strip()
       if not line:
@@ -100,7 +100,7 @@ def load_metric(path, key):
   """(steps, values) of `key` in a logdir's `metrics.jsonl` (or that
   file), sorted by step; rows without the key are skipped."""
   steps, values = [], []
-  with series_path(path, key).open() as f:
+  with series_path(path, key).open(errors='replace') as f:
     for line in f:
       try:
         record = json.loads(line)

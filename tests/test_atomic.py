@@ -76,3 +76,13 @@ def test_a_state_file_that_does_not_read_back_is_one_line_naming_it(
   assert '\n' not in message and message.startswith(f'{path} cannot be read (')
   assert message.endswith(
       'Put back an intact copy, or move it away to start the counts afresh.')
+
+
+def test_a_line_appended_after_one_a_kill_cut_short_is_read_whole(tmp_path):
+  path = tmp_path / 'scores.jsonl'
+  atomic.append_line(path, '{"step": 1}')
+  with path.open('ab') as file:
+    file.write(b'{"step": 2, "sc')  # the process killed mid-write
+  atomic.append_line(path, '{"step": 3}')
+  assert path.read_text().splitlines() == [
+      '{"step": 1}', '{"step": 2, "sc', '{"step": 3}']

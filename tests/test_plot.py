@@ -25,8 +25,9 @@ def test_load_scores_sorts_filters_eval_and_skips_bad_lines(tmp_path):
       {'step': 10, 'score': 1.0},  # --script train writes no `eval` key
       {'step': 20, 'score': 7.0, 'eval': True},
   ])
-  with (logdir / 'scores.jsonl').open('a') as f:
-    f.write('\n{"step": 40, "sco')  # A line cut short by a crash.
+  with (logdir / 'scores.jsonl').open('ab') as f:
+    f.write(b'{"step": 50, "score": 5\xff}\n')  # a flipped byte
+    f.write(b'{"step": 40, "sco')  # A line cut short by a crash.
   steps, scores = plot.load_scores(logdir)
   np.testing.assert_array_equal(steps, [10, 30])
   np.testing.assert_array_equal(scores, [1, 3])

@@ -32,7 +32,11 @@ a dependency on Linux.
 
 import importlib.metadata
 import os
+import re
 import socket
+import sys
+import warnings
+from pathlib import Path
 
 JOIN_TIMEOUT = 60  # seconds a learner process > 0 tries to join process 0
 # Distributions that give JAX a default backend other than the CPU.
@@ -181,3 +185,34 @@ def _compile_cache(config):
   # Cache every program: the policy buckets compile in well under JAX's
   # default threshold of 1 s each, but there are many of them.
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  if not isinstance(warnings.showwarning, _DamagedEntries):
+    warnings.showwarning = _DamagedEntries(warnings.showwarning)
+
+
+class _DamagedEntries:
+  """`warnings.showwarning` that removes a compile cache entry JAX could not
+  read (a cut or flipped file): JAX warns in two lines and compiles the
+  program again, but keeps the entry, so every later start of every
+  process would warn again. The entry's files (all of its name) go, with
+  one line; the program's next compile writes it anew."""
+
+  PATTERN = re.compile(
+      r"Error reading persistent compilation cache entry for '([\w.-]+)'")
+
+  def __init__(self, show):
+    self.show = show
+
+  def __call__(self, message, category, filename, lineno, file=None,
+               line=None):
+    import jax
+    found = self.PATTERN.match(str(message))
+    folder = jax.config.jax_compilation_cache_dir
+    files = sorted(Path(folder).glob(f'{found.group(1)}-*-cache')) if (
+        found and folder) else []
+    if not files:
+      return self.show(message, category, filename, lineno, file, line)
+    for path in files:
+      path.unlink(missing_ok=True)
+    print(f'Removed the unreadable compile cache entry {found.group(1)} '
+          f'from {folder} ({str(message).split(": ", 1)[-1]}); it is '
+          'compiled again.', file=sys.stderr, flush=True)

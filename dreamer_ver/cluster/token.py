@@ -10,6 +10,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from dreamer_ver.atomic import storage_fault
 from dreamer_ver.validation import ConfigError
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
@@ -34,20 +35,34 @@ def with_token(config):
 
 
 def _logdir_token(logdir):
+  """`logdir/token`, made if missing; a disk that cannot hold it or a
+  token that is not text is a ConfigError (one line, exit code 2)."""
   path = logdir / 'token'
   if not path.exists():
-    logdir.mkdir(parents=True, exist_ok=True)
     tmp = logdir / f'.token.{os.getpid()}'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, 'w') as f:
-      f.write(secrets.token_hex(16))
     try:
+      logdir.mkdir(parents=True, exist_ok=True)
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+      with os.fdopen(fd, 'w') as f:
+        f.write(secrets.token_hex(16))
       os.link(tmp, path)  # Atomic: if another component won, keep theirs.
     except FileExistsError:
       pass
+    except OSError as error:
+      fault = storage_fault(error, tmp)
+      if fault is None:
+        raise
+      raise ConfigError(f'{fault}: the run token cannot be made; free '
+                        'space there (or make it writable)') from None
     finally:
-      tmp.unlink()
+      tmp.unlink(missing_ok=True)
   if path.stat().st_mode & 0o077:
     print(f'warning: other users can read the run token in {path}; '
           f'chmod 600 {path}', file=sys.stderr)
-  return path.read_text().strip()
+  try:
+    return path.read_bytes().decode('ascii').strip()
+  except UnicodeDecodeError:
+    raise ConfigError(
+        f'the run token in {path} is not text (a damaged copy?): remove it '
+        'and one is made (every component of the run must then be '
+        'restarted with the new one)') from None

@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from dreamer_ver.config import redacted
-from dreamer_ver.atomic import write_json
+from dreamer_ver.atomic import append_line, write_json
 
 # The package each optional output imports (the pip extra has its name).
 PACKAGES = {'tensorboard': 'tensorboard', 'wandb': 'wandb'}
@@ -102,8 +102,7 @@ class Jsonl:
     self.path = logdir / 'metrics.jsonl'
 
   def write(self, step, scalars):
-    with self.path.open('a') as file:
-      file.write(json.dumps({'step': step, **scalars}) + '\n')
+    append_line(self.path, json.dumps({'step': step, **scalars}))
 
   def video(self, step, name, frames, gif):
     pass  # The GIF file is the record.

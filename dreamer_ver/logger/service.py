@@ -38,7 +38,7 @@ from pathlib import Path
 import elements
 import numpy as np
 
-from dreamer_ver.atomic import read_json, write_json
+from dreamer_ver.atomic import append_line, read_json, write_json
 from dreamer_ver.logger.outputs import make_outputs, write_gif
 from dreamer_ver.transitions import (
     LOGGER_KEYS, check_rows, is_log, shipment_of)
@@ -221,8 +221,7 @@ class LoggerService:
         'eval': episode.is_eval, 'time': time.time(),
         # The episode's mean of each scalar log/ key (e.g. log/episode).
         **{key: total / count for key, (total, count) in episode.logs.items()}}
-    with self.scores_path.open('a') as file:
-      file.write(json.dumps(record) + '\n')
+    append_line(self.scores_path, json.dumps(record))
 
   def _expire(self, now):
     """Drops open episodes of envs that have been silent too long."""

@@ -43,7 +43,7 @@ def _last_scores(path):
   there is none)."""
   train = evals = None
   try:
-    lines = path.read_text().splitlines()[-1000:]
+    lines = path.read_text(errors='replace').splitlines()[-1000:]
   except OSError:
     return None, None
   for line in lines:

@@ -185,6 +185,7 @@ def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
         env=env, cwd=cwd,
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    run.stderr = proc.stderr
     return [line for line in proc.stdout.splitlines() if line.startswith('dir')]
 
   entries = lambda folder: sorted(
@@ -198,6 +199,21 @@ def test_the_compile_cache_lives_in_the_logdir_and_a_restart_hits_it(
   # cache: nothing new is compiled, so nothing new is written.
   run()
   assert (entries(first / 'jax_cache'), entries(second / 'jax_cache')) == written
+  # A damaged entry (a flipped byte) is one line and goes; the program is
+  # compiled and written again, so the next start reads it without a word.
+  for name in written[0]:
+    path = first / 'jax_cache' / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+  run()
+  lines = run.stderr.splitlines()
+  assert len(lines) == len(written[0]), lines
+  assert all(line.startswith('Removed the unreadable compile cache entry ')
+             and line.endswith('; it is compiled again.') for line in lines)
+  assert entries(first / 'jax_cache') == written[0]
+  run()
+  assert 'compile cache' not in run.stderr, run.stderr
 
 
 def test_jax_compilation_cache_dir_replaces_the_logdir_cache_but_not_off(

@@ -11,6 +11,7 @@ import pytest
 from dreamer_ver.config import ConfigError, compose
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.cluster.token import TOKEN_ENV, with_token
+from helpers.storage import refuse
 
 
 def test_run_periodically_calls_each_task_at_its_interval_until_stopped():
@@ -118,6 +119,27 @@ def test_an_empty_token_is_refused_not_taken_for_no_authentication(
   monkeypatch.setenv(TOKEN_ENV, ' ')
   with pytest.raises(ConfigError, match=f'{TOKEN_ENV}.*empty'):
     with_token(config)
+
+
+def test_a_damaged_token_or_a_full_disk_is_one_line_not_a_traceback(
+    tmp_path, monkeypatch):
+  monkeypatch.delenv(TOKEN_ENV, raising=False)
+  config = compose(['debug'], {'logdir': str(tmp_path)})
+  path = tmp_path / 'token'
+  path.write_bytes(b'3f\xa9c')  # a flipped byte
+  path.chmod(0o600)
+  with pytest.raises(ConfigError, match=(
+      rf'^the run token in {path} is not text \(a damaged copy\?\): remove '
+      'it and one is made')):
+    with_token(config)
+  path.unlink()
+  monkeypatch.setattr(os, 'open', lambda path, *_: refuse(path))  # full
+  with pytest.raises(ConfigError, match=(
+      rf'^no space left on device writing {tmp_path}/\.token\.\d+ \(.* MB '
+      r'free of .*\): the run token cannot be made')):
+    with_token(config)
+  monkeypatch.undo()
+  assert list(tmp_path.iterdir()) == []  # nothing left behind
 
 
 def test_a_token_file_others_can_read_gets_a_warning(tmp_path, monkeypatch,
