@@ -116,7 +116,8 @@ class Shipper:
         said = getattr(error, 'kind', None) == StorageFault.__name__
         with self._lock:
           self.errors += 1
-          tell, self._told = not (said or self._told), self._told or not said
+          tell = not (said or self._told)
+          self._told |= tell
         if tell:
           print(f'[actor] {what} failed: {error} (later failures are '
                 'counted in actor/ship_errors)', flush=True)
