@@ -70,6 +70,16 @@ def end_run(code, line='', step=None):
   return True
 
 
+def exit_leaving(code):
+  """Ends this supervised child with `code` now, without the interpreter's
+  exit, which aborts (SIGABRT) on a daemon thread inside native code (an
+  XLA compile cannot be interrupted). Returns where no supervisor runs it."""
+  if _parent is not None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def stop_for_storage(role, fault, stop, step=None):
   """A storage fault of process `role`: its one line, and the run stopped
   in order (`end_run` with USER_ERROR and the env `step` reached unsaved;
@@ -83,9 +93,10 @@ def stop_for_storage(role, fault, stop, step=None):
 
 def when_stop_ordered(stop):
   """Calls `stop` (at a SIGINT/SIGTERM: `signals.StopSignal`) at once, or
-  in a supervised child once its supervisor ordered its stop or is gone: a signal that reaches every process at once (Ctrl-C to the
-  process group, `timeout`, Slurm's cancel) must not stop a server before
-  the clients that the supervisor stops first have saved."""
+  in a supervised child once its supervisor ordered its stop or is gone:
+  a signal that reaches every process at once (Ctrl-C to the process
+  group, `timeout`, Slurm's cancel) must not stop a server before the
+  clients that the supervisor stops first have saved."""
   if _parent is None:
     stop()
   else:
@@ -179,37 +190,36 @@ class Supervisor:
   """Child processes started with 'spawn'.
 
   `supervise()` restarts the children started with `restart=True` that died
-  with a non-zero exit code (a child exits 0 only when told to stop),
-  waiting an exponential backoff per child so a process that keeps crashing
-  does not spin (a child that ran for `stable` seconds before it died starts
-  again from the shortest wait); `supervise_in_background()` calls it every
-  half second on a daemon thread. A child that fails `crash_limit` times
-  within `crash_window` seconds will fail again (a damaged file, a bad
-  flag): it is not restarted, `gave_up` names it and its exit code, and
-  `wait_for` returns that code, so whoever runs this process (a shell, Ray,
-  Kubernetes) sees the failure. `crash_limit` 0 restarts for ever.
+  with a non-zero exit code (a child exits 0 only when told to stop), waiting
+  an exponential backoff per child so a process that keeps crashing does not
+  spin (a child that ran for `stable` seconds before it died starts again from
+  the shortest wait); `supervise_in_background()` calls it every half second
+  on a daemon thread. A child that fails `crash_limit` times within
+  `crash_window` seconds will fail again (a damaged file, a bad flag): it is
+  not restarted, `gave_up` names it and its exit code, and `wait_for` returns
+  that code, so whoever runs this process (a shell, Ray, Kubernetes) sees the
+  failure. `crash_limit` 0 restarts for ever.
 
   A child that exits with `USER_ERROR` is not restarted either: its entry
   caught a ConfigError and printed it as one line. A child that calls
-  `end_run(code, line, step)` (a full disk) ends the run as one that gave
-  up, with that code, and is stopped in its group's turn like the others;
-  the first such line is printed, and `reached` is the largest env step a
-  child reached without saving it (None if none said one).
+  `end_run(code, line, step)` (a full disk) ends the run as one that gave up,
+  with that code, and is stopped in its group's turn like the others; the
+  first such line is printed, and `reached` is the largest env step a child
+  reached without saving it (None if none said one).
 
-  A child started with a `probe` (the address its server listens on) is
-  sent a heartbeat (`rpc.addresses.PING`) every tick. One that fails in its
-  first life before it ever answered (a bad flag, a damaged file) is not
-  restarted: the run stops with its exit code. Once it answered one (it is
-  up), silence for `peer_timeout / 6` seconds is reported by name,
-  and for `peer_timeout` means it hangs (stopped, deadlocked, its receive
-  loop dead): it is killed and restarted like a crash. `stop_all()` ends
-  supervision, then stops the children in groups of rising `stop_order`
-  (e.g. envs before the servers they feed, so those save everything): the
-  order (`_Parent`), SIGTERM (and SIGCONT, so a stopped child gets it),
-  and a kill for what is still alive after `shutdown` seconds. A child
-  that gets SIGINT/SIGTERM from elsewhere waits for that order (at most
-  twice `shutdown`), and one whose supervisor is gone stops by itself
-  (killed after `shutdown`).
+  A child started with a `probe` (the address its server listens on) is sent a
+  heartbeat (`rpc.addresses.PING`) every tick. One that fails in its first
+  life before it ever answered (a bad flag, a damaged file) is not restarted:
+  the run stops with its exit code. Once it answered one (it is up), silence
+  for `peer_timeout / 6` seconds is reported by name, and for `peer_timeout`
+  means it hangs (stopped, deadlocked, its receive loop dead): it is killed
+  and restarted like a crash. `stop_all()` ends supervision, then stops the
+  children in groups of rising `stop_order` (e.g. envs before the servers they
+  feed, so those save everything): the order (`_Parent`), SIGTERM (and
+  SIGCONT, so a stopped child gets it), and a kill for what is still alive
+  after `shutdown` seconds. A child that gets SIGINT/SIGTERM from elsewhere
+  waits for that order (at most twice `shutdown`), and one whose supervisor is
+  gone stops by itself (killed after `shutdown`).
   """
 
   def __init__(self, backoff=(1.0, 30.0), stable=60.0, clock=time.monotonic,
@@ -308,9 +318,7 @@ class Supervisor:
         self._listen(name, proc, now)
       if proc.is_alive() or not restart:
         continue
-      if proc.exitcode == 0:
-        # It was asked to stop (SIGINT/SIGTERM) and saved: not a crash,
-        # not restarted.
+      if proc.exitcode == 0:  # Asked to stop, and saved: not a crash.
         continue
       if self.gave_up is not None and self.gave_up[0] == name:
         continue
@@ -453,8 +461,7 @@ class Supervisor:
       for name in group:
         self.procs[name].join(max(0.0, deadline - time.monotonic()))
         if self.procs[name].is_alive():
-          print(f'{name} did not stop within {self.shutdown:g} s; killing '
-                'it.')
+          print(f'{name} did not stop within {self.shutdown:g} s; killing it.')
           self.procs[name].kill()
           self.procs[name].join()
         self._close_orders(name)  # with what it sent while it stopped

@@ -18,9 +18,7 @@ policy devices, one inference lane each.
 """
 
 import sys
-import threading
 import time
-import traceback
 
 import elements
 import jax
@@ -35,7 +33,8 @@ from dreamer_ver.atomic import storage_fault
 from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.links import Links, resolve
 from dreamer_ver.cluster.signals import StopSignal, every
-from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage
+from dreamer_ver.cluster.supervisor import (USER_ERROR, exit_leaving,
+                                            stop_for_storage)
 from dreamer_ver.cluster.token import with_token
 from dreamer_ver.envs import make_env
 from dreamer_ver.evaluation.periodic import PeriodicEvaluation
@@ -43,6 +42,7 @@ from dreamer_ver.learner.learner import Learner, loggable
 from dreamer_ver.learner.learner import Options as LearnerOptions
 from dreamer_ver.rpc import shm_protocol
 from dreamer_ver.rpc.batch_server import BatchServer
+from dreamer_ver.runtime.learner_thread import LearnerThread
 
 
 def build_agent(config):
@@ -142,7 +142,6 @@ def run_agent(config, eval_host='process', stop=None):
       train_devices, shared.learner_time if shares else None)
   shipper = actor.shipper
   start = time.monotonic()
-  failed = []  # The learner thread's exception, if it raised.
   faults = []  # A save's StorageFault: no later save is tried.
   cause = None  # Why the agent cannot go on, once the main loop finds it.
   done = lambda: bool(stop) or shipper.served >= run.steps or (
@@ -165,24 +164,20 @@ def run_agent(config, eval_host='process', stop=None):
       stop_for_storage('agent', f'{fault}; the last checkpoint stands', stop)
       return False
 
-  def learn():
-    should_save = every(run.save_every)
-    def stop_or_save():
-      if should_save():
-        counters['steps'] = shipper.served
-        save()
-      return done()
-    try:
-      # Here, not before serving: the envs act and fill replay meanwhile.
-      compile_learner(learner)
-      learner.run(stop_or_save, failing=lambda: cause is not None)
-      stop.set()  # The learners stopped (another process may have): so do we.
-    except Exception as error:
-      traceback.print_exc()
-      failed.append(error)
-
-  learner_thread = threading.Thread(target=learn, name='Learner', daemon=True)
-  learner_thread.start()
+  should_save = every(run.save_every)
+  def stop_or_save():
+    if should_save():
+      counters['steps'] = shipper.served
+      save()
+    return done()
+  def train():
+    learner.run(stop_or_save, failing=lambda: cause is not None)
+    stop.set()  # The learners stopped (another process may have): so do we.
+  # Compiled here, not before serving: the envs act and fill replay meanwhile.
+  learner_thread = LearnerThread(
+      lambda: compile_learner(learner), train,
+      may_leave=config.jax.processes == 1).start()
+  failed = learner_thread.errors  # what the learner thread raised
   evaluation = None
   if run.eval_every > 0:
     # A link of its own that waits rather than drops: its rows are rare.
@@ -230,7 +225,8 @@ def run_agent(config, eval_host='process', stop=None):
       evaluation.stop.set()
 
   server.close()
-  learner_thread.join()
+  stop.set()  # A learner still compiling then never trains.
+  left_compiling = learner_thread.finish()
   cause = cause or failure(failed, server, clients)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '
@@ -247,7 +243,10 @@ def run_agent(config, eval_host='process', stop=None):
     eval_logger.close(timeout=1)
   for client in clients.values():
     client.close(timeout=1)
-  return 1 if cause else USER_ERROR if faults else 0
+  code = 1 if cause else USER_ERROR if faults else 0
+  if left_compiling:
+    exit_leaving(code)
+  return code
 
 
 def run_learner(config, stop=None):

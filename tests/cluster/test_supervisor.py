@@ -523,3 +523,46 @@ def test_a_child_that_asks_to_end_the_run_ends_it_in_order(
 def test_end_run_without_a_supervisor_says_so():
   from dreamer_ver.cluster.supervisor import end_run
   assert end_run(2) is False
+
+
+def _leave_a_compile(config):
+  """A child that returns while a daemon thread is inside an XLA compile,
+  as the agent does when a stop lands during its learner's compile."""
+  import threading
+  import jax
+  import jax.numpy as jnp
+  from dreamer_ver.cluster.supervisor import exit_leaving
+  jax.config.update('jax_enable_compilation_cache', False)  # a real compile
+  def chain(x):
+    for i in range(200):
+      x = jnp.sin(x @ x) + i
+    return x
+  compiling = threading.Event()
+  def compile_it():
+    lowered = jax.jit(chain).lower(jnp.ones((8, 8)))
+    compiling.set()
+    lowered.compile()  # seconds, in native code
+    Path(config.logdir, 'compiled').write_text('compiled')
+  threading.Thread(target=compile_it, daemon=True).start()
+  assert compiling.wait(60)
+  time.sleep(0.2)
+  exit_leaving(0)
+  return 0
+
+
+def test_a_child_leaving_a_compile_behind_exits_with_its_own_code(tmp_path):
+  """The interpreter's exit ends a daemon thread inside native code with
+  an unwind that aborts the process (SIGABRT, exit code -6 here) after
+  its work was done and saved: `exit_leaving` exits without it."""
+  from types import SimpleNamespace
+  from dreamer_ver.cluster.supervisor import Supervisor
+  children = Supervisor(backoff=(0.0, 0.0))
+  config = SimpleNamespace(logdir=str(tmp_path))
+  proc = children.start('agent', f'{__name__}:_leave_a_compile', config,
+                        restart=False)
+  try:
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert not (tmp_path / 'compiled').exists()  # It did not wait for it.
+  finally:
+    children.stop_all()

@@ -19,9 +19,12 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--run.log_every', '2', '--run.save_every', '3']
 
 
-def _start(logdir, steps):
-  """The run, a process group of its own (as a shell's job)."""
+def _start(logdir, steps, cache=None):
+  """The run, a process group of its own (as a shell's job); `cache`: a
+  compile cache of its own instead of the test run's."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  if cache is not None:
+    env['JAX_COMPILATION_CACHE_DIR'] = str(cache)
   return subprocess.Popen(
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
        '--logdir', str(logdir), '--run.steps', str(steps), *FLAGS],
@@ -146,9 +149,12 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
     tmp_path, group):
   """SIGTERM to the run, or to every process of it at once: the children
   stop in the supervisor's order (envs and agent, then the servers that
-  save what they sent), none is killed, and a rerun resumes."""
+  save what they sent), none is killed, and a rerun resumes. The signal to
+  every process lands while the learner compiles (a cold compile cache:
+  tens of seconds, which nothing can interrupt): the agent saves without
+  waiting for it."""
   logdir = tmp_path / 'run'
-  proc = _start(logdir, 100_000)
+  proc = _start(logdir, 100_000, cache=tmp_path / 'cold' if group else None)
   try:
     assert _wait_for(lambda: _served(logdir) > 100, 240), 'run never started'
     children = [_pid(logdir, n) for n in ('env0', 'replay', 'logger')]
@@ -161,6 +167,9 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
   assert elapsed < 20, elapsed  # 15 s budget plus interpreter exit.
   assert 'did not stop within' not in out and 'Traceback' not in out, (
       out[-3000:])
+  if group:
+    assert 'Compiling the learner' in out, out[-3000:]
+    assert 'Learner compiled' not in out, 'the compile ended before the stop'
   assert not any(_alive(pid) for pid in children)
   saved = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert saved['steps'] > 0
