@@ -19,6 +19,18 @@ kind is hit equally often -- with one of the `--faults`:
          server (replay, logger, actor; an env process has none), held
          for 30 s
 
+or with a storage fault, each of which ends a life of the run (the same
+command then starts the next, as a user would; bench/storage_faults.py):
+
+  fill     the logdir's file system filled to the last byte (`--disk_mb`:
+           the logdir is a tmpfs of that size, root), then freed once the
+           run stopped itself (exit code 2, at most 3 lines naming the
+           full disk, no traceback)
+  corrupt  the run stopped with SIGTERM, a byte of its latest agent
+           checkpoint flipped (the newest keep-N copy is the same file),
+           then started again: it must say which save it skipped and
+           resume from an older one
+
 Then it stops the run with SIGTERM and checks what the run left on disk:
 
   steps       env steps the logger counted (ckpt/logger.json)
@@ -47,17 +59,22 @@ Then it stops the run with SIGTERM and checks what the run left on disk:
               that no line of the run's output names (its supervisor's
               heartbeat report)
 
+  storage    per storage fault: the exit code and seconds of the stop, the
+             fault's lines and tracebacks, and the restart's resume
+
   python bench/chaos.py --minutes 10 --out chaos.json
+  python bench/chaos.py --minutes 10 --faults kill fill corrupt --disk_mb 512
 """
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -66,11 +83,13 @@ from pathlib import Path
 
 import numpy as np
 
+import storage_faults
 import watch
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ('env', 'replay', 'logger', 'agent')
 FAULTS = ('kill', 'stop', 'flood')
+STORAGE = {'fill': 'disk', 'corrupt': 'checkpoint'}  # fault -> what it hits
 SERVES = {'replay': 'run.replay_addr', 'logger': 'run.logger_addr',
           'agent': 'run.actor_addr'}
 FLOOD = 200  # connections that never handshake
@@ -96,6 +115,9 @@ def main():
                       'kill stop partition oneway vanish (all)')
   parser.add_argument('--stop_for', type=float, nargs=2, default=(30, 120))
   parser.add_argument('--peer_timeout', type=float, default=60.0)
+  parser.add_argument('--disk_mb', type=int, default=0,
+                      help='the logdir on a tmpfs of this size (root); '
+                      'needed by the fill fault')
   parser.add_argument('--hosts', action='store_true',
                       help='a split launch across network namespaces, with '
                       'partitions, one-way loss and vanishing hosts '
@@ -104,20 +126,28 @@ def main():
   args = parser.parse_args()
   if args.hosts:
     import chaos_hosts
-  known = chaos_hosts.HOST_FAULTS if args.hosts else FAULTS
-  args.faults = args.faults or list(known)
+  known = chaos_hosts.HOST_FAULTS if args.hosts else (*FAULTS, *STORAGE)
+  args.faults = args.faults or list(chaos_hosts.HOST_FAULTS if args.hosts
+                                    else FAULTS)
   if set(args.faults) - set(known):
     parser.error(f'--faults: choose from {" ".join(known)}')
+  if 'fill' in args.faults and not args.disk_mb:
+    parser.error('--faults fill needs --disk_mb (a file system to fill)')
   logdir = Path(args.logdir or tempfile.mkdtemp(prefix='chaos_'))
+  disk = (storage_faults.mounted(logdir, args.disk_mb) if args.disk_mb
+          else contextlib.nullcontext())
   if args.hosts:
     report = chaos_hosts.chaos_hosts(
         logdir, args.minutes, args.kill_every, args.envs, args.length,
         args.step_time, args.seed, args.startup, args.faults, args.stop_for)
     print(chaos_hosts.format_report(report), flush=True)
   else:
-    report = chaos(logdir, args.minutes, args.kill_every, args.envs,
-                   args.length, args.step_time, args.seed, args.startup,
-                   args.faults, args.stop_for, args.peer_timeout)
+    with disk:
+      report = chaos(logdir, args.minutes, args.kill_every, args.envs,
+                     args.length, args.step_time, args.seed, args.startup,
+                     args.faults, args.stop_for, args.peer_timeout)
+      if args.disk_mb:  # The tmpfs goes: its output stays beside it.
+        shutil.copy(logdir / 'chaos_stdout.log', f'{logdir}.stdout.log')
     print(format_report(report), flush=True)
   if args.out:
     Path(args.out).write_text(json.dumps(report, indent=2) + '\n')
@@ -141,39 +171,37 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
   command = [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel']
   for key, value in flags.items():
     command += [f'--{key}', str(value)]
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   logdir.mkdir(parents=True, exist_ok=True)
-  stdout = open(logdir / 'chaos_stdout.log', 'w')
-  proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout,
-                          stderr=subprocess.STDOUT)
+  run = storage_faults.Run(command, logdir, startup, SHUTDOWN_BUDGET)
   report = {'command': ' '.join(command), 'logdir': str(logdir),
             'minutes': minutes, 'kill_every': list(kill_every),
             'faults': list(faults), 'stop_for': list(stop_for),
             'peer_timeout': peer_timeout}
   kills, seen = [], collections.defaultdict(set)  # kind -> pids seen
   plan = [(kind, fault) for kind in KINDS for fault in faults
-          if not (kind == 'env' and fault == 'flood')]
+          if fault in FAULTS and not (kind == 'env' and fault == 'flood')]
+  plan += [(STORAGE[fault], fault) for fault in faults if fault in STORAGE]
+  hits = {'kill': _kill, 'stop': _stop, 'flood': _flood,
+          'fill': storage_faults.fill_and_free,
+          'corrupt': storage_faults.corrupt_and_resume}
   try:
-    if not watch.wait(lambda: watch.logger_step(logdir) > 0 or proc.poll() is not None,
-                 startup) or proc.poll() is not None:
-      raise RuntimeError(f'the run never started (see {stdout.name})')
+    run.start('first')
     start = time.monotonic()
     deadline = start + minutes * 60
     order = []
     next_kill = start + rng.uniform(*kill_every)
     while time.monotonic() < deadline:
-      if proc.poll() is not None:
-        raise RuntimeError(f'the run exited early with {proc.returncode}')
+      if run.proc.poll() is not None:
+        raise RuntimeError(f'the run exited early with {run.proc.returncode}')
       for name, pid in watch.pids(logdir).items():
         seen[_kind(name)].add(pid)
       now = time.monotonic()
       if now >= next_kill and now < deadline - QUIET_END:
         order = order or rng.sample(plan, len(plan))
         kind, fault = order.pop()
-        hit = {'kill': _kill, 'stop': _stop, 'flood': _flood}[fault]
-        kills.append(hit(logdir, kind, rng, now - start, stop_for=stop_for,
-                         addrs=addrs))
-        next_kill = now + rng.uniform(*kill_every)
+        kills.append(hits[fault](logdir, kind, rng, now - start,
+                                 stop_for=stop_for, addrs=addrs, run=run))
+        next_kill = time.monotonic() + rng.uniform(*kill_every)
       time.sleep(0.5)
     for name, pid in watch.pids(logdir).items():
       seen[_kind(name)].add(pid)
@@ -181,17 +209,10 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       if hit.get('resume') is not None:
         hit['resume'].join()
     stop_at = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-      code = proc.wait(timeout=SHUTDOWN_BUDGET)
-    except subprocess.TimeoutExpired:
-      code = None
+    code = run.stop()
     report['shutdown_s'] = round(time.monotonic() - stop_at, 1)
   finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
-    stdout.close()
+    run.close()
   leftover = [name for name, pid in watch.pids(logdir).items() if watch.alive(pid)]
   for hit in kills:
     hit.pop('resume', None)
@@ -199,18 +220,22 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       k['kind'] for k in kills if k['pid'] and k['fault'] == 'kill')
   output = (logdir / 'chaos_stdout.log').read_text(errors='replace')
   envs_started = len(seen['env'])
+  storage = [k for k in kills if k['fault'] in STORAGE]
   report.update({
       'exit_code': code, 'left_running': leftover, 'kills': kills,
-      'killed': dict(killed),
+      'killed': dict(killed), 'lives': run.lives,
       # A kill is followed by a new process of its kind (envs: one per env
-      # process, so their restarts are the pids beyond the first of each).
+      # process, so their restarts are the pids beyond the first of each),
+      # and so is each life after the first.
       'restarts': {kind: len(seen[kind]) - (
           len([n for n in watch.pids(logdir) if _kind(n) == 'env'])
           if kind == 'env' else 1) for kind in KINDS},
       'env_processes_seen': envs_started,
       'faults_done': dict(collections.Counter(
           f"{k['kind']} {k['fault']}" for k in kills
-          if k['pid'] or k.get('connections'))),
+          if k['pid'] or k.get('connections') or k['fault'] in STORAGE)),
+      'storage_faults_handled': sum(k['ok'] for k in storage),
+      'storage_faults_mishandled': [k for k in storage if not k['ok']],
       'unreported_stops': unreported(kills, output, peer_timeout),
       'steps': watch.read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
   report.update(check_rows(logdir, length))
@@ -219,6 +244,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       report['duplicated_rows'] == 0 and report['carries_mixed'] == 0 and
       report['episodes_twice'] == 0 and report['episodes_with_holes'] == 0
       and not report['unreported_stops']
+      and not report['storage_faults_mishandled']
       and all(report['restarts'][k] >= killed[k] for k in killed))
   return report
 
@@ -396,7 +422,8 @@ def format_report(report):
   lines = [f"chaos soak: {'PASS' if report['ok'] else 'FAIL'} "
            f"({report['minutes']} min, a fault every "
            f"{report['kill_every'][0]:g}-{report['kill_every'][1]:g} s)"]
-  for key in ('steps', 'faults_done', 'killed', 'restarts',
+  for key in ('steps', 'faults_done', 'killed', 'restarts', 'lives',
+              'storage_faults_handled', 'storage_faults_mishandled',
               'unreported_stops', 'exit_code', 'shutdown_s',
               'left_running', 'stored_rows', 'lost_rows', 'duplicated_rows',
               'checked_carries', 'carries_mixed', 'episodes_logged',

@@ -35,7 +35,6 @@ Nothing here is thread-safe: the logger calls its outputs from one thread.
 """
 
 import importlib.util
-import io
 import json
 import secrets
 import time
@@ -43,7 +42,7 @@ import time
 import numpy as np
 
 from dreamer_ver.config import redacted
-from dreamer_ver.atomic import append_line, write_json
+from dreamer_ver.atomic import append_line, write_atomically, write_json
 
 # The package each optional output imports (the pip extra has its name).
 PACKAGES = {'tensorboard': 'tensorboard', 'wandb': 'wandb'}
@@ -72,19 +71,18 @@ def missing(config):
 
 
 def write_gif(path, frames, fps):
-  """Writes uint8 frames [T, H, W, C] (C 1 or 3) as a looping GIF."""
+  """Writes uint8 frames [T, H, W, C] (C 1 or 3) as a looping GIF, whole
+  or not at all (`atomic.write_atomically`)."""
   from PIL import Image
   frames = np.asarray(frames)
   if frames.shape[-1] == 1:
     images = [Image.fromarray(frame[..., 0], 'L') for frame in frames]
   else:
     images = [Image.fromarray(frame, 'RGB') for frame in frames]
-  buffer = io.BytesIO()
-  images[0].save(buffer, format='GIF', save_all=True,
-                 append_images=images[1:], duration=round(1000 / fps),
-                 loop=0)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_bytes(buffer.getvalue())
+  write_atomically(path, lambda file: images[0].save(
+      file, format='GIF', save_all=True, append_images=images[1:],
+      duration=round(1000 / fps), loop=0))
 
 
 def _missing(output, error):

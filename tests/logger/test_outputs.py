@@ -130,6 +130,29 @@ def test_every_output_reads_back_by_value(tmp_path, monkeypatch):
   assert wandb_history(paths[1])[4]['train/loss'] == 4.0
 
 
+def test_a_video_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+  """A full disk (or a kill) midway through a GIF leaves no cut file
+  for a viewer, and the error names the file."""
+  import errno
+  from dreamer_ver.logger.outputs import write_gif
+  video = np.random.default_rng(0).integers(0, 255, (4, 8, 8, 3), np.uint8)
+  path = tmp_path / 'videos' / 'policy_image_5.gif'
+  write_gif(path, video, 10)
+  kept = path.read_bytes()
+  real_save = Image.Image.save
+  def full_midway(image, file, **kwargs):
+    real_save(image, io.BytesIO(), **kwargs)
+    file.write(b'GIF89a')  # a first part reaches the disk
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(Image.Image, 'save', full_midway)
+  with pytest.raises(OSError, match='policy_image_5.gif') as failed:
+    write_gif(path, video[::-1], 10)
+  assert failed.value.errno == errno.ENOSPC
+  assert path.read_bytes() == kept  # the earlier file, whole
+  assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+  np.testing.assert_array_equal(gif_frames(kept), video)
+
+
 @pytest.mark.parametrize('output', ['tensorboard', 'wandb'])
 def test_a_missing_package_names_the_extra_to_install(
     tmp_path, monkeypatch, capsys, output):
