@@ -6,7 +6,7 @@ before anything is spawned: a mistake there is one line and exit code 2
       raises ConfigError naming the first problem; the flags say what the
       script runs on this host (main.py's PREFLIGHT)
 
-* the logdir is a folder (or can be one);
+* the logdir is a folder (or can be one) that this process may write in;
 * the task builds: one train env (and one eval env) is made and closed; a
   suite whose package is missing names the extra that installs it;
 * every logger output can start: its package is installed, and W&B has a
@@ -47,6 +47,11 @@ def _check_logdir(logdir):
     if folder.exists():
       if not folder.is_dir():
         raise ConfigError(f'logdir {path}: {folder} is a file, not a folder')
+      if not os.access(folder, os.W_OK | os.X_OK):  # EROFS counts, for root
+        raise ConfigError(
+            f'logdir {path}: {folder} cannot be written (a read-only file '
+            'system, or no permission): choose another --logdir, or copy it '
+            'to one that can')
       break
 
 

@@ -39,6 +39,43 @@ def test_a_logdir_that_is_a_file_is_one_line(script, tmp_path, capsys):
       f'error: logdir {path / "run"}: {path} is a file, not a folder'], err
 
 
+@pytest.fixture
+def read_only(tmp_path):
+  """A folder no one may write in: a read-only tmpfs where this process may
+  mount one (root, who may write anywhere else), else one without write
+  permission."""
+  import os
+  import subprocess
+  folder = tmp_path / 'ro'
+  folder.mkdir()
+  if os.geteuid() != 0:
+    folder.chmod(0o555)
+    yield folder
+    folder.chmod(0o755)
+    return
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs',
+                  str(folder)], check=True)
+  try:
+    yield folder
+  finally:
+    subprocess.run(['umount', str(folder)], check=True)
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+@pytest.mark.parametrize('exists', [False, True], ids=['new', 'copied'])
+def test_a_logdir_that_cannot_be_written_is_one_line(
+    script, exists, read_only, capsys):
+  # A new run's logdir, or a finished run's copied to read-only media.
+  logdir = read_only if exists else read_only / 'run'
+  code, err, out = run(capsys, '--script', script, '--logdir', str(logdir),
+                       '--task', 'dummy_disc')
+  assert code == 2 and err == [
+      f'error: logdir {logdir}: {read_only} cannot be written (a read-only '
+      'file system, or no permission): choose another --logdir, or copy '
+      'it to one that can'], err
+  assert out == ''
+
+
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_wandb_without_a_login_is_one_line(
     script, tmp_path, capsys, monkeypatch):
