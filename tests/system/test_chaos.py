@@ -1,7 +1,10 @@
 """A short chaos soak (bench/chaos.py): the parallel runtime while its env,
-replay, logger and agent processes keep getting SIGKILLed, checked by the
-rows and episodes it leaves on disk."""
+replay, logger and agent processes keep getting SIGKILLed and, where the
+test may mount a tmpfs (root), its logdir's disk is filled once, checked by
+the rows and episodes it leaves on disk across the run's lives."""
 
+import contextlib
+import os
 import sys
 
 import numpy as np
@@ -10,13 +13,29 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / 'bench'))
 
 import chaos  # noqa: E402
+import storage_faults  # noqa: E402
+
+FILL = os.geteuid() == 0  # a tmpfs to fill needs root (CI has it)
 
 
 def test_a_short_chaos_soak_loses_mixes_and_duplicates_nothing(tmp_path):
   logdir = tmp_path / 'run'
-  report = chaos.chaos(logdir, minutes=1.5, kill_every=(8, 12), envs=3,
-                       length=20, step_time=0.01)
+  with (storage_faults.mounted(logdir, 256) if FILL
+        else contextlib.nullcontext()):
+    _soak_and_check(logdir)
+
+
+def _soak_and_check(logdir):
+  # The fill's stop and restart take about 30 s of the soak's time.
+  report = chaos.chaos(logdir, minutes=2 if FILL else 1.5,
+                       kill_every=(8, 12), envs=3, length=20,
+                       step_time=0.01,
+                       faults=('kill', 'fill') if FILL else ('kill',))
   summary = chaos.format_report(report)
+  if FILL:  # Each a stop in one line, exit code 2; the next life resumed.
+    fills = report['faults_done'].get('disk fill', 0)
+    assert fills >= 1 and report['storage_faults_handled'] == fills, summary
+    assert report['lives'] == fills + 1, summary
   # Every kind of component was killed (shuffled rounds of four) and came
   # back, and the run still ended cleanly.
   assert set(report['killed']) == set(chaos.KINDS), summary
