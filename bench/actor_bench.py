@@ -558,7 +558,7 @@ def start_replays(config, outdir):
 def _replay_child(config, log):
   """A --wal replay server process; its output (a line per connection)
   goes to `log`."""
-  from dreamer_ver.replay.server import serve_replay
+  from dreamer_ver.runtime.replay_process import serve_replay
   with open(log, 'w') as file:
     os.dup2(file.fileno(), 1)
     os.dup2(file.fileno(), 2)

@@ -30,13 +30,16 @@ RULES = {
     'envs': (('jax', 'flax', 'optax', 'dreamer_ver.agent', 'dreamer_ver.cluster')
              + COMPONENTS + ENTRY,
              'env processes stay light and start fast'),
-    'replay': (('jax', 'flax', 'optax', 'dreamer_ver.agent')
-               + COMPONENTS[1:] + ENTRY,
-               'replay is plain numpy; its server knows no other component'),
-    'logger': (('jax', 'flax', 'optax', 'dreamer_ver.agent',
-                'dreamer_ver.replay', 'dreamer_ver.learner',
-                'dreamer_ver.evaluation', 'dreamer_ver.actor') + ENTRY,
-               'the logger only receives rows and metrics'),
+    'replay': (('jax', 'flax', 'optax', 'dreamer_ver.agent', 'dreamer_ver.rpc',
+                'dreamer_ver.cluster') + COMPONENTS[1:] + ENTRY,
+               'replay is plain numpy and knows no other component; its '
+               'process main (runtime/) serves it'),
+    'logger': (('jax', 'flax', 'optax', 'dreamer_ver.agent', 'dreamer_ver.rpc',
+                'dreamer_ver.cluster', 'dreamer_ver.replay',
+                'dreamer_ver.learner', 'dreamer_ver.evaluation',
+                'dreamer_ver.actor') + ENTRY,
+               'the logger only receives rows and metrics; its process main '
+               '(runtime/) serves it'),
     'learner': (('dreamer_ver.rpc', 'dreamer_ver.cluster', 'dreamer_ver.replay',
                  'dreamer_ver.logger', 'dreamer_ver.evaluation',
                  'dreamer_ver.actor') + ENTRY,

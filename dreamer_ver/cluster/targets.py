@@ -9,8 +9,8 @@ import importlib
 
 AGENT = 'dreamer_ver.runtime.agent_process:run_agent'
 LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
-REPLAY = 'dreamer_ver.replay.server:serve_replay'
-LOGGER = 'dreamer_ver.logger.server:serve_logger'
+REPLAY = 'dreamer_ver.runtime.replay_process:serve_replay'
+LOGGER = 'dreamer_ver.runtime.logger_process:serve_logger'
 ENVS = 'dreamer_ver.runtime.env_worker:run_envs'
 EVAL_WORKER = 'dreamer_ver.evaluation.worker_server:serve'
 

@@ -1,5 +1,5 @@
 """One write-ahead log record per ``add_batch`` of the replay server
-(``replay/server.py``): built as its rows are stored, read back at
+(``runtime/replay_process.py``): built as its rows are stored, read back at
 recovery.
 
 A batch record holds the stored rows' ``envid``, ``is_eval`` and ``time``

@@ -11,7 +11,7 @@ from PIL import Image, ImageSequence
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.atomic import StateUnreadable
 from dreamer_ver.config import compose
-from dreamer_ver.logger.server import serve_logger
+from dreamer_ver.runtime.logger_process import serve_logger
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.cluster.signals import StopSignal

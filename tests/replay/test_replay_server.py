@@ -19,8 +19,7 @@ import pytest
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.config import compose
 from dreamer_ver.replay import Unlimited
-from dreamer_ver.logger import server as logger_server
-from dreamer_ver.replay import server as replay_server
+from dreamer_ver.runtime import logger_process, replay_process
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.replay.service import Closing, ReplayService
@@ -375,13 +374,13 @@ def test_server_round_trip_and_sigterm(tmp_path):
   config = make_config(tmp_path, **overrides)
   stop_logger = StopSignal(install=False)
   logger = threading.Thread(
-      target=logger_server.serve_logger, args=(config, stop_logger),
+      target=logger_process.serve_logger, args=(config, stop_logger),
       daemon=True)
   logger.start()
   code = (
       'import sys, json\n'
       'from dreamer_ver.config import compose\n'
-      'from dreamer_ver.replay.server import serve_replay\n'
+      'from dreamer_ver.runtime.replay_process import serve_replay\n'
       'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
   values = {
       'logdir': str(tmp_path), 'batch_size': B, 'batch_length': T,
@@ -460,7 +459,7 @@ class Serving:
     self.stop = StopSignal(install=False)
     self.result = []
     self.thread = threading.Thread(target=lambda: self.result.append(
-        replay_server.serve_replay(self.config, self.stop)), daemon=True)
+        replay_process.serve_replay(self.config, self.stop)), daemon=True)
     self.client = portal.Client(f'127.0.0.1:{port}', 'TestReplay')
 
   def __enter__(self):

@@ -516,7 +516,7 @@ def test_mode_off_loses_what_was_not_saved(tmp_path):
 SERVE = (
     'import sys, json\n'
     'from dreamer_ver.config import compose\n'
-    'from dreamer_ver.replay.server import serve_replay\n'
+    'from dreamer_ver.runtime.replay_process import serve_replay\n'
     'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
 
 

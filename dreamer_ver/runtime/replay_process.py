@@ -1,5 +1,5 @@
 """The replay server process: ``serve_replay(config)`` exposes the replay
-service (``service.py``) over portal's protocol (``rpc/server.py``; one
+service (``replay/service.py``) over portal's protocol (``rpc/server.py``; one
 worker per method, so a blocked ``add_batch`` never blocks sampling), saves
 periodically and sends stats to the logger without ever waiting on it.
 """

@@ -1,5 +1,5 @@
 """The logger server process: ``serve_logger(config)`` exposes the logger
-service (``service.py``) over portal's protocol; its methods share one
+service (``logger/service.py``) over portal's protocol; its methods share one
 server worker (``rpc/server.py``), so they run one at a time, and the main
 loop writes and saves on its clocks. ``tran`` is ``transitions`` under
 upstream DreamerV3's name, so an unmodified upstream actor logs here too.
