@@ -20,6 +20,7 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
+import time
 
 import numpy as np
 
@@ -37,10 +38,12 @@ class Shipper:
     self.served = 0  # train env steps shipped (eval rows excluded)
     self.stored = 0  # of those, the ones replay acknowledged
     self._unanswered = set()  # add_batch futures replay has not answered
+    self._sending = 0  # ship() calls counted in `served`, not yet sent
     self.errors = 0  # add_batch / transitions calls that came back failed
     self._told = False  # whether a failure was printed
     self._missed = {}  # envid -> its rows the logger has not received
     self._lock = threading.Lock()  # ship() runs on every worker thread
+    self._sent = threading.Condition(self._lock)  # `_sending` went down
     self._seqs = itertools.count()
     # Held from taking a seq until its calls are sent (while the replay
     # call blocks on back-pressure, too); never taken by a done callback.
@@ -50,22 +53,33 @@ class Shipper:
     """Sends one batch's transitions (and its `log/` columns to the logger)."""
     with self._lock:
       self.served += int((~trans['is_eval']).sum())
-    with self._send_order:
-      trans = {**trans, SHIPMENT: np.array(
-          [self.sender, next(self._seqs)], np.int64)}
-      if self.replay is not None:
-        future = self._call(self.replay.add_batch, trans)
-        self._count_stored(future, int((~trans['is_eval']).sum()))
-        self._watch(future, 'replay.add_batch')
-      if self.logger is not None:
-        self._ship_log(trans, logs)
+      self._sending += 1
+    try:
+      with self._send_order:
+        trans = {**trans, SHIPMENT: np.array(
+            [self.sender, next(self._seqs)], np.int64)}
+        if self.replay is not None:
+          future = self._call(self.replay.add_batch, trans)
+          self._count_stored(future, int((~trans['is_eval']).sum()))
+          self._watch(future, 'replay.add_batch')
+        if self.logger is not None:
+          self._ship_log(trans, logs)
+    finally:
+      with self._lock:
+        self._sending -= 1
+        self._sent.notify_all()
 
   def drain(self, timeout):
     """Waits up to `timeout` seconds for replay's answers to every batch
-    shipped; True if none is left unanswered."""
+    shipped, the ones still waiting to be sent too (back-pressure); True
+    if none is left unanswered."""
+    deadline = time.monotonic() + timeout
     with self._lock:
+      if not self._sent.wait_for(lambda: not self._sending, timeout):
+        return False
       waiting = list(self._unanswered)
-    return not concurrent.futures.wait(waiting, timeout).not_done
+    left = max(0.0, deadline - time.monotonic())
+    return not concurrent.futures.wait(waiting, left).not_done
 
   def _count_stored(self, future, rows):
     with self._lock:
