@@ -144,7 +144,7 @@ def test_the_check_catches_a_broken_rule(tmp_path):
   shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns('__pycache__'))
   offences = {
       'rpc/wire.py': 'from dreamer_ver.cluster import links\n',
-      'cluster/links.py': 'from dreamer_ver.replay import server\n',
+      'cluster/links.py': 'from dreamer_ver.replay import service\n',
       'actor/actor.py': 'from dreamer_ver.rpc import client\n',
       'envs/base.py': 'import jax\n',
       'replay/chunk.py': 'from jax import numpy\n',

@@ -5,6 +5,7 @@ env processes never load JAX or the agent.
 """
 
 import collections
+import contextlib
 import fcntl
 import json
 import multiprocessing
@@ -75,9 +76,11 @@ def exit_leaving(code):
   exit, which aborts (SIGABRT) on a daemon thread inside native code (an
   XLA compile cannot be interrupted). Returns where no supervisor runs it."""
   if _parent is not None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    try:  # A full disk may refuse the flush: exit all the same.
+      sys.stdout.flush()
+      sys.stderr.flush()
+    finally:
+      os._exit(code)
 
 
 def stop_for_storage(role, fault, stop, step=None):
@@ -282,10 +285,8 @@ class Supervisor:
     pipe stays open for what it sends while it stops (`_close_orders`)."""
     orders = self.orders.get(name)
     if orders is not None:
-      try:
+      with contextlib.suppress(OSError):  # it is gone: a broken pipe
         orders.send_bytes(STOP)
-      except OSError:
-        pass  # It is gone already (a broken pipe).
 
   def _close_orders(self, name):
     """Takes what child `name` sent up its pipe until it exited, then
@@ -453,10 +454,8 @@ class Supervisor:
           proc.terminate()
           # A stopped (SIGSTOP, hung) child only acts on SIGTERM once it
           # runs again; without this it would wait out the whole deadline.
-          try:
+          with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGCONT)
-          except ProcessLookupError:
-            pass
       deadline = time.monotonic() + self.shutdown
       for name in group:
         self.procs[name].join(max(0.0, deadline - time.monotonic()))

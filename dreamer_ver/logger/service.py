@@ -1,7 +1,7 @@
 """The logger service: counts env steps, turns transitions into episodes,
 writes metrics. ``LoggerService`` holds the logic and is usable without
-sockets (``server.py`` serves it; the design of episodes, resends and
-videos: docs/architecture.md, "The logger").
+sockets (``runtime/logger_process.py`` serves it; the design of episodes,
+resends and videos: docs/architecture.md, "The logger").
 
 * ``transitions(trans)`` gets every transition batch the actor serves: rows
   of train envs advance the env step counter (every curve's x-axis); each

@@ -1,6 +1,6 @@
 """The replay service: stores transitions from the actor, serves batches to
 the learner. ``ReplayService`` holds the logic and is usable without sockets
-(``server.py`` serves it):
+(``runtime/replay_process.py`` serves it):
 
 * a train replay (sequences of ``batch_length + replay_context`` steps, one
   stream per env id, online queue), an eval replay (sequences of

@@ -227,6 +227,8 @@ def run_agent(config, eval_host='process', stop=None):
   server.close()
   stop.set()  # A learner still compiling then never trains.
   left_compiling = learner_thread.finish()
+  if left_compiling:  # What the compile raises later is not this run's.
+    failed = []
   cause = cause or failure(failed, server, clients)
   if failed:
     print(f'Agent failed: {cause}. Not saving the learner state; a restart '

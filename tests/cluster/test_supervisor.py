@@ -534,7 +534,7 @@ def _leave_a_compile(config):
   from dreamer_ver.cluster.supervisor import exit_leaving
   jax.config.update('jax_enable_compilation_cache', False)  # a real compile
   def chain(x):
-    for i in range(200):
+    for i in range(300):  # about 5 s of XLA compile on a 2-core CPU
       x = jnp.sin(x @ x) + i
     return x
   compiling = threading.Event()
