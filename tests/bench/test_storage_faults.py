@@ -3,13 +3,13 @@ system refuses the next write and takes it again once freed; a damaged
 checkpoint is skipped and an older save resumed."""
 
 import errno
-import os
 import sys
 
 import numpy as np
 import pytest
 
 from helpers import ROOT
+from helpers.storage import can_mount
 sys.path.insert(0, str(ROOT / 'bench'))
 
 import storage_faults  # noqa: E402
@@ -36,7 +36,7 @@ def test_a_damaged_checkpoint_resumes_from_the_save_before_it(
   assert said.count('agent.npz (') == 2, said
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason='mounting a tmpfs needs root')
+@pytest.mark.skipif(not can_mount(), reason='mounting a tmpfs needs root')
 def test_a_filled_file_system_refuses_the_next_write_until_freed(tmp_path):
   with storage_faults.mounted(tmp_path / 'disk', 4) as disk:
     (disk / 'kept').write_bytes(b'x' * 100_000)

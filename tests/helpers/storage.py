@@ -1,12 +1,31 @@
 """A full disk, emulated at the replay's write calls (no test may mount a
-small file system everywhere): `FullDisk(monkeypatch, service)`."""
+small file system everywhere): `FullDisk(monkeypatch, service)`; and
+`can_mount()`, whether this process may mount a real one."""
 
 import errno
+import functools
 import os
+import subprocess
+import tempfile
 
 from dreamer_ver.replay import chunk as chunklib
 from dreamer_ver.replay import service as replay_service
 from dreamer_ver.replay import wal as wallib
+
+
+@functools.cache
+def can_mount():
+  """Whether this process may mount a tmpfs (root with CAP_SYS_ADMIN; a
+  root container without it may not), tried once."""
+  if os.geteuid() != 0:
+    return False
+  with tempfile.TemporaryDirectory() as folder:
+    mounted = subprocess.run(
+        ['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', folder],
+        capture_output=True).returncode == 0
+    if mounted:
+      subprocess.run(['umount', folder], check=True)
+  return mounted
 
 
 def refuse(path):
