@@ -4,7 +4,6 @@ test may mount a tmpfs (root), its logdir's disk is filled once, checked by
 the rows and episodes it leaves on disk across the run's lives."""
 
 import contextlib
-import os
 import sys
 
 import numpy as np
