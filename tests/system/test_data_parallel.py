@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent.parent  # helpers/ for the scripts below
+# One worker runs the module (.ci/run: -n 2 --dist loadgroup), so its
+# fixture's three compiles run once, not once per worker.
+pytestmark = pytest.mark.xdist_group('data_parallel')
 
 SCRIPT = textwrap.dedent('''
     import pickle, sys
@@ -96,8 +99,10 @@ MULTI_PROCESS = textwrap.dedent('''
 @pytest.fixture(scope='module')
 def results(tmp_path_factory):
   out = tmp_path_factory.mktemp('dp') / 'results.pkl'
+  # The session's XLA flags (tests/conftest.py) with four CPU devices.
+  flags = os.environ.get('XLA_FLAGS', '')
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
+         'XLA_FLAGS': f'{flags} --xla_force_host_platform_device_count=4'}
   proc = subprocess.run(
       [sys.executable, '-c', SCRIPT, str(TESTS), str(out)],
       env=env, capture_output=True, text=True, timeout=600)
@@ -133,8 +138,7 @@ def test_two_processes_train_like_one_device(results, tmp_path):
   import jax
   import numpy as np
   from dreamer_ver.rpc.addresses import free_port
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  env.pop('XLA_FLAGS', None)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}  # the fixture's XLA flags
   port = str(free_port())
   outs = [tmp_path / f'rank{rank}.pkl' for rank in (0, 1)]
   procs = [subprocess.Popen(
