@@ -447,7 +447,7 @@ class Ours:
   """Our BatchServer with the cutoff named by `mode`, from make_cutoff."""
 
   def __init__(self, addr, actor, config, envs, inference, counter, mode):
-    from dreamer_ver import config as configlib
+    from dreamer_ver.config import loading as configlib
     from dreamer_ver.actor import batching
     from dreamer_ver.rpc.batch_server import BatchServer
     from dreamer_ver.cluster.links import Links
@@ -529,7 +529,7 @@ class _Shipped:
 def start_replays(config, outdir):
   """One replay server process per mode of WAL_MODES (--wal), on the
   fleet's config; returns {wal: (process, address)} once each answers."""
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   from dreamer_ver.rpc.addresses import free_port
   from dreamer_ver.rpc.client import Client
   context = multiprocessing.get_context('spawn')
@@ -823,7 +823,7 @@ def _measure_inference(actor, repeats=20):
 
 
 def run_fleet(name, args, actors, port, transport):
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   spec = fleet_spec(name, args.envs, args.step_time, args.jitter,
                     args.envs_per_worker)
   config = configlib.compose([args.size], {

@@ -29,7 +29,7 @@ all processes, and the score against env steps and against wall-clock.
 The JSON has an entry per system (`ours`, `upstream`) with the medians over
 rounds (`env_steps_per_s`, `updates_per_s`, ...), the rounds themselves,
 and the ratios; `--figure` draws score against wall-clock for both
-(`dreamer_ver.plot --runs`).
+(`dreamer_ver.logger.plot --runs`).
 
 Upstream's dmc wrapper renders a frame every env step even on proprio
 tasks (`log/image`), through software OpenGL where there is no GPU
@@ -322,7 +322,7 @@ def figure(result, path):
         runs[system].append(str(file))
   if not runs['ours']:
     return
-  command = [sys.executable, '-m', 'dreamer_ver.plot', *runs['ours'],
+  command = [sys.executable, '-m', 'dreamer_ver.logger.plot', *runs['ours'],
              '--label', 'dreamer_ver', '--xlabel', 'wall-clock seconds',
              '--bins', '10', '--out', str(path), '--title',
              f"score against wall-clock ({result['commit']}, "

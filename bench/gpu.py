@@ -40,7 +40,7 @@ wheels (`bench/gpu_wheels.py`) first and then runs this. Stages, in order
             what a test records (bf16 against f32) comes into the report
   learning  `--script parallel --configs dmc_proprio` for
             `--learning_minutes`, its scores against DreamerV3's published
-            runs at the same steps (`dreamer_ver.plot --table`)
+            runs at the same steps (`dreamer_ver.logger.plot --table`)
 
 Each stage is a child process with a deadline (a hung stage costs its own
 time, not the window's). `--out` gets three files, rewritten after every
@@ -345,7 +345,7 @@ def collect(stage, args, out):
 
 def learning_scores(args):
   """Steps reached and the score table against the reference."""
-  from dreamer_ver.plot import load_scores
+  from dreamer_ver.logger.plot import load_scores
   if not (Path(args.logdir) / 'scores.jsonl').exists():
     return {}
   steps, _ = load_scores(args.logdir)
@@ -355,7 +355,7 @@ def learning_scores(args):
   # The smoke run's dummy task has no reference: it reads walker's.
   task = ['--task', 'dmc_walker_walk'] if args.smoke else []
   table = subprocess.run(
-      [sys.executable, '-m', 'dreamer_ver.plot', str(args.logdir),
+      [sys.executable, '-m', 'dreamer_ver.logger.plot', str(args.logdir),
        '--reference', 'dmc_proprio', *task, '--table', *map(str, marks)],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   return {'episodes': len(steps), 'last_step': last,

@@ -77,8 +77,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import upstream as upstreamlib
-from dreamer_ver import config as configlib
-from dreamer_ver.validation import CHOICES
+from dreamer_ver.config import loading as configlib
+from dreamer_ver.config.validation import CHOICES
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.cluster import devices
 

@@ -176,7 +176,7 @@ def main(argv=None):
                       'real and a null policy (see above)')
   parser.add_argument('--out', default=None, help='write the rows as JSON')
   args = parser.parse_args(argv)
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   records = []
   device = jax.devices()[0]
   print(f'device: {device.device_kind} ({device.platform})', flush=True)

@@ -21,9 +21,9 @@ __all__ = ['Collector', 'EvalWorker', 'InferenceClient', 'InferenceServer',
 
 def __getattr__(name):
   if name == 'InferenceServer':
-    from dreamer_ver import inference as module
+    from dreamer_ver.inference import server as module
   elif name in ('InferenceClient', 'WeightSender'):
-    from dreamer_ver import inference_client as module
+    from dreamer_ver.inference import client as module
   elif name == 'Transport':
     from dreamer_ver.rpc import transport as module
   elif name == 'MPTransport':
@@ -31,7 +31,7 @@ def __getattr__(name):
   elif name == 'RayTransport':
     from dreamer_ver.rpc import ray_transport as module
   elif name == 'Collector':
-    from dreamer_ver import collector as module
+    from dreamer_ver.inference import collector as module
   elif name == 'EvalWorker':
     from dreamer_ver.evaluation import worker as module
   else:

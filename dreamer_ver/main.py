@@ -95,7 +95,7 @@ def _show(value):
 
 
 def main(argv=None):
-  from . import config as configlib
+  from dreamer_ver.config import loading as configlib
 
   command_line = argv is None
   argv = list(sys.argv[1:] if command_line else argv)
@@ -141,7 +141,7 @@ def main(argv=None):
     if environ:
       os.execve(sys.executable, sys.orig_argv, environ)
   config = configlib.resolve_logdir(config)
-  from . import preflight
+  from dreamer_ver.config import preflight
   try:
     preflight.check(config, **PREFLIGHT.get(config.script, {}))
   except configlib.ConfigError as e:

@@ -52,6 +52,21 @@ RULES = {
               + COMPONENTS + ENTRY,
               'the agent is a library of pure functions'),
     'runtime': (('dreamer_ver.scripts',), 'only main.py imports scripts/'),
+    'config': (('jax', 'flax', 'optax', 'dreamer_ver.rpc', 'dreamer_ver.cluster',
+                'dreamer_ver.agent', 'dreamer_ver.replay', 'dreamer_ver.learner',
+                'dreamer_ver.evaluation', 'dreamer_ver.inference') + ENTRY,
+               'the configuration is read and checked before anything starts: '
+               'it knows no process, transport or model'),
+    'core': (('jax', 'flax', 'optax', 'dreamer_ver.agent', 'dreamer_ver.rpc',
+              'dreamer_ver.cluster', 'dreamer_ver.envs',
+              'dreamer_ver.inference') + COMPONENTS + ENTRY,
+             'the contracts every layer shares import no layer that uses '
+             'them'),
+    'inference': (('dreamer_ver.cluster', 'dreamer_ver.envs', 'dreamer_ver.agent',
+                   'dreamer_ver.replay', 'dreamer_ver.logger',
+                   'dreamer_ver.learner', 'dreamer_ver.evaluation') + ENTRY,
+                  'the library serves any policy to any caller: it needs no '
+                  "run's processes, model or components"),
     '': (('dreamer_ver.scripts',), 'only main.py imports scripts/'),
 }
 ALLOWED_OWN = {'rpc': 'dreamer_ver.rpc'}  # rpc/ may import itself

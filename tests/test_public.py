@@ -20,10 +20,10 @@ print(light, 'jax' in sys.modules)
 
 
 def test_the_public_names_are_the_library_classes():
-  from dreamer_ver.collector import Collector
+  from dreamer_ver.inference.collector import Collector
   from dreamer_ver.evaluation.worker import EvalWorker
-  from dreamer_ver.inference import InferenceServer
-  from dreamer_ver.inference_client import InferenceClient, WeightSender
+  from dreamer_ver.inference.server import InferenceServer
+  from dreamer_ver.inference.client import InferenceClient, WeightSender
   from dreamer_ver.rpc.mp_transport import MPTransport
   from dreamer_ver.rpc.transport import Transport
   assert [getattr(dreamer_ver, name) for name in (

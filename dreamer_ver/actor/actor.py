@@ -18,7 +18,7 @@ import numpy as np
 from dreamer_ver.actor.batched_policy import BatchedPolicy
 from dreamer_ver.actor.shipping import Shipper
 from dreamer_ver.agent.agent import policy_params
-from dreamer_ver.transitions import META, is_log
+from dreamer_ver.core.transitions import META, is_log
 
 
 class Actor:

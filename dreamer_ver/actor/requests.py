@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dreamer_ver.actor.carries import CarryFull
-from dreamer_ver.transitions import LOG_PREFIX
+from dreamer_ver.core.transitions import LOG_PREFIX
 
 MAX_ENVID = 2 ** 31 - 1
 

@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from dreamer_ver.atomic import StorageFault
-from dreamer_ver.transitions import SHIPMENT
+from dreamer_ver.core.atomic import StorageFault
+from dreamer_ver.core.transitions import SHIPMENT
 
 
 class Shipper:

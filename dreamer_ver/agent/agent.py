@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dreamer_ver.transitions import is_log
+from dreamer_ver.core.transitions import is_log
 
 from . import behavior
 from . import dists

@@ -27,8 +27,8 @@ import zipfile
 import jax
 import numpy as np
 
-from dreamer_ver.atomic import write_atomically, write_json
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.core.atomic import write_atomically, write_json
+from dreamer_ver.config.validation import ConfigError
 
 
 class CheckpointMismatch(ValueError):

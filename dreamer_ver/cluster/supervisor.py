@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from dreamer_ver.cluster.targets import load
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.config.validation import ConfigError
 
 SHUTDOWN_SECONDS = 15  # a stopping child's grace before it is killed
 STOP = b'stop'  # the supervisor's order to a child (`_Parent`)

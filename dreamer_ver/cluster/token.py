@@ -10,8 +10,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from dreamer_ver.atomic import storage_fault
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.core.atomic import storage_fault
+from dreamer_ver.config.validation import ConfigError
 
 TOKEN_ENV = 'DREAMER_VER_TOKEN'
 

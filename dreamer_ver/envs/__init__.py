@@ -32,7 +32,7 @@ import re
 
 from .base import Env  # noqa: F401
 from . import wrappers
-from .. import config as configlib
+from dreamer_ver.config import loading as configlib
 
 ENTRY_POINT_GROUP = 'dreamer_ver.envs'
 

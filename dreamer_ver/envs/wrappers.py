@@ -9,7 +9,7 @@ boundary where it happens instead of deep inside the learner.
 import elements
 import numpy as np
 
-from dreamer_ver.transitions import is_log
+from dreamer_ver.core.transitions import is_log
 
 from . import base
 

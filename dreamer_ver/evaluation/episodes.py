@@ -30,7 +30,7 @@ import time
 import jax
 import numpy as np
 
-from dreamer_ver.transitions import is_log
+from dreamer_ver.core.transitions import is_log
 
 MODES = ('greedy', 'sample', 'random')
 

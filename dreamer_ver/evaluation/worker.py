@@ -73,7 +73,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.supervisor import Supervisor
 from dreamer_ver.cluster.targets import EVAL_WORKER, load

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dreamer_ver.atomic import write_json
+from dreamer_ver.core.atomic import write_json
 from dreamer_ver.rpc import addresses
 from dreamer_ver.rpc.server import Server
 from dreamer_ver.cluster.links import Links
@@ -24,7 +24,7 @@ from dreamer_ver.cluster.signals import StopSignal
 from dreamer_ver.cluster.targets import load
 from dreamer_ver.evaluation.records import (
     MODES, process_identity, record_path, remove_record)
-from dreamer_ver.transitions import is_log
+from dreamer_ver.core.transitions import is_log
 
 
 def serve(config, name, env_maker, init_fn, policy_maker, reward_keys,

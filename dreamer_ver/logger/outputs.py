@@ -41,8 +41,8 @@ import time
 
 import numpy as np
 
-from dreamer_ver.config import redacted
-from dreamer_ver.atomic import append_line, write_atomically, write_json
+from dreamer_ver.config.loading import redacted
+from dreamer_ver.core.atomic import append_line, write_atomically, write_json
 
 # The package each optional output imports (the pip extra has its name).
 PACKAGES = {'tensorboard': 'tensorboard', 'wandb': 'wandb'}

@@ -38,9 +38,9 @@ from pathlib import Path
 import elements
 import numpy as np
 
-from dreamer_ver.atomic import append_line, read_json, write_json
+from dreamer_ver.core.atomic import append_line, read_json, write_json
 from dreamer_ver.logger.outputs import make_outputs, write_gif
-from dreamer_ver.transitions import (
+from dreamer_ver.core.transitions import (
     LOGGER_KEYS, check_rows, is_log, shipment_of)
 
 

@@ -31,7 +31,7 @@ def summary(logdir, seconds, code=0, reached=None):
       f'Run ended at env step {step:_} after {hours}:{rest // 60:02d}:'
       f'{rest % 60:02d}; {scores}.',
       f'  outputs:  {logdir}/metrics.jsonl, scores.jsonl, ckpt/',
-      f'  plot:     python -m dreamer_ver.plot {logdir}',
+      f'  plot:     python -m dreamer_ver.logger.plot {logdir}',
       f'  curves:   tensorboard --logdir {logdir}  (with logger.outputs '
       'tensorboard)',
       '  resume:   run the same command again']

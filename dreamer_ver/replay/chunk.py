@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.atomic import write_atomically
+from dreamer_ver.core.atomic import write_atomically
 
 UUID_BYTES = 16
 NO_SUCC = bytes(UUID_BYTES)

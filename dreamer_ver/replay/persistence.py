@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.atomic import StorageFault, storage_fault
+from dreamer_ver.core.atomic import StorageFault, storage_fault
 
 from . import chunk as chunklib
 

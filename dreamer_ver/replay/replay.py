@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.transitions import RESERVED_KEYS, is_log
+from dreamer_ver.core.transitions import RESERVED_KEYS, is_log
 
 from . import chunk as chunklib
 from . import selectors as selectorlib

@@ -20,7 +20,7 @@ How it logs, cuts a checkpoint and recovers: ``docs/architecture.md``
 
 Shipments are stored once (a batch logged but not answered at a kill comes
 back from the log, and the client resends it): ``StoredShipments`` in
-``transitions.py``, updated per row under the log lock and carried
+``core/transitions.py``, updated per row under the log lock and carried
 by each log record and by the checkpoint.
 
 What is stored: every column of the transition batch but ``envid`` and
@@ -40,12 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamer_ver.atomic import (
+from dreamer_ver.core.atomic import (
     StorageFault, read_json, storage_fault, write_json)
 from dreamer_ver.replay import batch_log, build
 from dreamer_ver.replay.replay import mismatches
 from dreamer_ver.replay.wal import WriteAheadLog
-from dreamer_ver.transitions import (
+from dreamer_ver.core.transitions import (
     RESERVED_KEYS, ROUTING_KEYS, StoredShipments, check_rows, is_log,
     shipment_of)
 

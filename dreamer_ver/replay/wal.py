@@ -38,7 +38,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from dreamer_ver.atomic import with_path
+from dreamer_ver.core.atomic import with_path
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dreamer_ver.actor.actor import Actor
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent import checkpoint
 from dreamer_ver.agent.agent import Agent, policy_params
-from dreamer_ver.atomic import storage_fault
+from dreamer_ver.core.atomic import storage_fault
 from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.links import Links, resolve
 from dreamer_ver.cluster.signals import StopSignal, every

@@ -5,7 +5,7 @@ loop writes and saves on its clocks. ``tran`` is ``transitions`` under
 upstream DreamerV3's name, so an unmodified upstream actor logs here too.
 """
 
-from dreamer_ver.atomic import storage_fault
+from dreamer_ver.core.atomic import storage_fault
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage

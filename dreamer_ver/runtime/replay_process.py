@@ -6,7 +6,7 @@ periodically and sends stats to the logger without ever waiting on it.
 
 import contextlib
 
-from dreamer_ver.atomic import StorageFault
+from dreamer_ver.core.atomic import StorageFault
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage

@@ -28,11 +28,11 @@ from dreamer_ver.cluster import devices
 from dreamer_ver.cluster.signals import StopSignal, every
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.evaluation.periodic import PeriodicEvaluation
-from dreamer_ver.atomic import write_json
+from dreamer_ver.core.atomic import write_json
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.logger.summary import summary
 from dreamer_ver.replay import build
-from dreamer_ver.transitions import is_log
+from dreamer_ver.core.transitions import is_log
 
 
 def train(config):

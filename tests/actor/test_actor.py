@@ -12,7 +12,7 @@ import numpy as np
 import portal
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.envs import make_env
 from dreamer_ver.actor import batching
 from dreamer_ver.actor.actor import Actor, _log_keys

@@ -241,7 +241,7 @@ def test_deadline_fills_a_batch_for_at_most_its_timeout():
 
 
 def test_make_cutoff_builds_the_configured_policy_from_run_settings():
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   cfg = configlib.compose(['debug'])
   for mode, cls in [('fixed', preemption.Fixed), ('ver', preemption.VER),
                     ('preempt', preemption.Preempt)]:
@@ -259,7 +259,7 @@ def test_make_cutoff_builds_the_configured_policy_from_run_settings():
 
 
 def test_max_batch_and_buckets_default_to_the_lanes_share():
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   run = configlib.compose(['debug']).run
   assert batching.max_batch(run, 5) == 5
   assert batching.max_batch(run, 5, lanes=2) == 3

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.agent import behavior, checkpoint, dists, nets, optim
 from dreamer_ver.envs.dummy import Dummy

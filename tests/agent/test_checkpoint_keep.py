@@ -15,7 +15,7 @@ import pytest
 
 from dreamer_ver.agent.checkpoint import (
     Checkpoint, CheckpointMismatch, CheckpointUnreadable, newest_intact, save)
-from dreamer_ver.atomic import write_json
+from dreamer_ver.core.atomic import write_json
 
 
 def state(value):

@@ -10,14 +10,14 @@ import textwrap
 
 import pytest
 
-from dreamer_ver import config as configlib
-from dreamer_ver import validation
+from dreamer_ver.config import loading as configlib
+from dreamer_ver.config import validation
 from dreamer_ver.cluster import devices
 
 SCRIPT = textwrap.dedent('''
     import sys
     import jax, numpy as np
-    from dreamer_ver import config as configlib
+    from dreamer_ver.config import loading as configlib
     from dreamer_ver.agent.agent import Agent, policy_params
     from dreamer_ver.envs import make_env
     from dreamer_ver.cluster import devices
@@ -152,7 +152,7 @@ def test_train_devices_and_processes_that_cannot_share_the_batch_are_a_clear_err
 CACHE_SCRIPT = textwrap.dedent('''
     import sys
     import jax, jax.numpy as jnp
-    from dreamer_ver import config as configlib
+    from dreamer_ver.config import loading as configlib
     from dreamer_ver.cluster import devices
 
     def run(logdir, cache, scale):

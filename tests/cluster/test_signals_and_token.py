@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dreamer_ver.config import ConfigError, compose
+from dreamer_ver.config.loading import ConfigError, compose
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.cluster.token import TOKEN_ENV, with_token
 from helpers.storage import refuse

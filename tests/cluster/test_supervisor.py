@@ -425,7 +425,7 @@ def test_a_child_that_fails_before_it_ever_served_stops_the_run(
 
 def _config_error_after_serving(config, marker):
   """Fails with a ConfigError in its second life (the first crashes)."""
-  from dreamer_ver.validation import ConfigError
+  from dreamer_ver.config.validation import ConfigError
   marker = Path(marker)
   if not marker.exists():
     marker.write_text('crashed once')

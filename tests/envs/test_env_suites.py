@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver import envs
 from dreamer_ver.envs import dummy
 from helpers import ROOT

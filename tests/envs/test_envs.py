@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from portal import packlib
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver import envs
 from dreamer_ver.envs import base
 from dreamer_ver.envs import gym as gym_env

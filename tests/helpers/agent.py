@@ -3,7 +3,7 @@
 import elements
 import numpy as np
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.agent import nets
 
 f32 = np.float32

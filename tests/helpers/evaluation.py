@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.envs import make_run_env
 from dreamer_ver.envs.base import Env, basic_obs, basic_obs_space

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image, ImageSequence
 
 from dreamer_ver.actor.shipping import SHIPMENT
-from dreamer_ver.atomic import StateUnreadable
-from dreamer_ver.config import compose
+from dreamer_ver.core.atomic import StateUnreadable
+from dreamer_ver.config.loading import compose
 from dreamer_ver.runtime.logger_process import serve_logger
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.rpc.addresses import free_port
@@ -353,7 +353,7 @@ def test_a_run_ends_with_its_summary(tmp_path):
   assert text.splitlines()[0] == (
       'Run ended at env step 12_345 after 1:02:05; last train score 4.00, '
       'last eval score 7.25.')
-  assert f'python -m dreamer_ver.plot {tmp_path}' in text
+  assert f'python -m dreamer_ver.logger.plot {tmp_path}' in text
   assert 'run the same command again' in text
   assert 'no episode finished yet' in summary(tmp_path / 'empty', 1)
   # Stopped at start by a mistake (exit code 2): one line, no resume hint

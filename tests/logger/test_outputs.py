@@ -14,10 +14,10 @@ import pytest
 from PIL import Image, ImageSequence
 
 from dreamer_ver.agent import agent as agentlib
-from dreamer_ver.config import compose
+from dreamer_ver.config.loading import compose
 from dreamer_ver.learner import learner as learnerlib
 from dreamer_ver.logger.service import LoggerService
-from dreamer_ver.validation import ConfigError, validate
+from dreamer_ver.config.validation import ConfigError, validate
 from helpers.wandb_log import wandb_history, wandb_run
 
 

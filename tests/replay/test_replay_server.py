@@ -17,7 +17,7 @@ import portal
 import pytest
 
 from dreamer_ver.actor.shipping import SHIPMENT
-from dreamer_ver.config import compose
+from dreamer_ver.config.loading import compose
 from dreamer_ver.replay import Unlimited
 from dreamer_ver.runtime import logger_process, replay_process
 from dreamer_ver.rpc.addresses import free_port
@@ -379,7 +379,7 @@ def test_server_round_trip_and_sigterm(tmp_path):
   logger.start()
   code = (
       'import sys, json\n'
-      'from dreamer_ver.config import compose\n'
+      'from dreamer_ver.config.loading import compose\n'
       'from dreamer_ver.runtime.replay_process import serve_replay\n'
       'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
   values = {

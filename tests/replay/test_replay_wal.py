@@ -18,10 +18,10 @@ import time
 import numpy as np
 import pytest
 
-from dreamer_ver import validation
-from dreamer_ver.atomic import StateUnreadable, StorageFault
+from dreamer_ver.config import validation
+from dreamer_ver.core.atomic import StateUnreadable, StorageFault
 from dreamer_ver.actor.shipping import SHIPMENT
-from dreamer_ver.config import compose
+from dreamer_ver.config.loading import compose
 from dreamer_ver.replay import Unlimited
 from dreamer_ver.replay import wal as wallib
 from dreamer_ver.rpc.addresses import free_port
@@ -515,7 +515,7 @@ def test_mode_off_loses_what_was_not_saved(tmp_path):
 
 SERVE = (
     'import sys, json\n'
-    'from dreamer_ver.config import compose\n'
+    'from dreamer_ver.config.loading import compose\n'
     'from dreamer_ver.runtime.replay_process import serve_replay\n'
     'sys.exit(serve_replay(compose(["debug"], json.loads(sys.argv[1]))))\n')
 

@@ -14,7 +14,7 @@ from portal.client_socket import Disconnected
 from helpers.sockets import closed_by_peer
 from test_shm import Waits
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver.actor import batching
 from dreamer_ver.rpc.batch_server import BatchServer
 from dreamer_ver.rpc.blocking_client import BlockingClient

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dreamer_ver import config as config_module
+from dreamer_ver.config import loading as config_module
 from dreamer_ver.runtime.env_worker import fleets
 
 

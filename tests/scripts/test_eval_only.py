@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver import main as mainlib
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.envs import make_env

@@ -3,7 +3,7 @@ parallel runtime and `eval_only` seed env id i alike."""
 
 import pytest
 
-from dreamer_ver import config as configlib
+from dreamer_ver.config import loading as configlib
 from dreamer_ver import envs
 from dreamer_ver.runtime import env_worker
 from dreamer_ver.scripts import eval_only, train

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dreamer_ver import config as config_module
+from dreamer_ver.config import loading as config_module
 from helpers import ROOT, runs
 from helpers.envs import rendered_dmc
 

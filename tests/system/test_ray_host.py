@@ -61,7 +61,7 @@ def test_a_detached_ray_worker_with_a_custom_policy_is_found_by_name(
   """A named eval worker on Ray is detached (it outlives its handle), with
   a custom policy (`policy_maker`), and `from_name` finds it through Ray's
   named actors."""
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   from dreamer_ver.evaluation.worker import EvalWorker
   from helpers.evaluation import FLAGS, LENGTH
   config = configlib.load_config([*FLAGS, '--logdir', str(tmp_path)])

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dreamer_ver.inference import InferenceServer
+from dreamer_ver.inference.server import InferenceServer
 
 ray = pytest.importorskip('ray')
 # One Ray instance at a time where tests run side by side (.ci/run: -n 2

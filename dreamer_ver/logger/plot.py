@@ -1,11 +1,11 @@
 """Score curves: ours (mean and spread across seeds) next to DreamerV3's.
 
-    python -m dreamer_ver.plot LOGDIR [LOGDIR ...] [--reference dmc_proprio]
+    python -m dreamer_ver.logger.plot LOGDIR [LOGDIR ...] [--reference dmc_proprio]
         [--runs LABEL LOGDIR [LOGDIR ...]] [--key METRIC]
         [--task T] [--out FILE.png|.svg] [--bins N] [--eval] [--spread minmax|sd]
         [--xmax STEPS] [--target SCORE] [--table STEPS ...] [--last N]
         [--window STEPS] [--ref_xscale F] [--title T] [--label L] [--xlabel X]
-    python -m dreamer_ver.plot --reference dmc_proprio --task dmc_walker_walk
+    python -m dreamer_ver.logger.plot --reference dmc_proprio --task dmc_walker_walk
         --table 100000 [--out FILE.png]      (the reference alone)
 
 Each LOGDIR is one seed of the same run (a logdir holding `scores.jsonl`, or a
@@ -365,7 +365,7 @@ def draw(path, x, groups, ref=None, title='', ref_label='DreamerV3',
 
 def parse_args(argv):
   parser = argparse.ArgumentParser(
-      prog='python -m dreamer_ver.plot',
+      prog='python -m dreamer_ver.logger.plot',
       description='Score (or any metric) vs env steps across seeds, next to '
                   'DreamerV3 and other runs.')
   add = parser.add_argument

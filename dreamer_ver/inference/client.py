@@ -1,4 +1,4 @@
-"""The callers' side of an InferenceServer (`inference.py`): one client
+"""The callers' side of an InferenceServer (`server.py`): one client
 class over any transport, and the trainer's end of the weight sync.
 
 It imports no JAX, so env processes that call a server stay light;

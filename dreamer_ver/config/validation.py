@@ -2,7 +2,7 @@
 fails at start-up in one line instead of deep inside some process.
 
 * ``normalize`` and ``coerce``: the form and type of one value, as
-  ``config.py`` applies a block or an override (a key keeps its type);
+  ``loading`` applies a block or an override (a key keeps its type);
 * ``validate(config)``: value ranges and cross-key constraints of a composed
   config, every problem found named in one :class:`ConfigError`.
 

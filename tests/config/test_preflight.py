@@ -1,12 +1,12 @@
 """A user's mistake at start is one line on stderr and exit code 2, before
-anything is spawned (`dreamer_ver/preflight.py`, called by `main.py`), for
+anything is spawned (`dreamer_ver/config/preflight.py`, called by `main.py`), for
 every script that would otherwise restart a child failing on it."""
 
 import pytest
 
 from dreamer_ver import main as mainlib
-from dreamer_ver import preflight
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.config import preflight
+from dreamer_ver.config.validation import ConfigError
 
 SCRIPTS = ['parallel', 'train']
 
@@ -120,6 +120,6 @@ def test_a_missing_suite_package_names_its_extra(tmp_path, monkeypatch):
 
 
 def mainlib_config(tmp_path, flags):
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   return configlib.load_config(
       ['--configs', 'debug', '--logdir', str(tmp_path), *flags])

@@ -13,7 +13,7 @@
   WeightSender(server.weight_sync_addr, server.handshake).send(p, version)
   server.shutdown()                               # a trainer elsewhere
 
-(`InferenceClient`, `Endpoint` and `WeightSender`: `inference_client.py`.)
+(`InferenceClient`, `Endpoint` and `WeightSender`: `client.py`.)
 
 The batch server (`rpc/batch_server.py`) gathers the calls of all clients
 of every transport and asks a cutoff (`actor/preemption.py`) when they
@@ -42,7 +42,7 @@ import jax
 
 from dreamer_ver.actor import batching, preemption
 from dreamer_ver.actor.batched_policy import BatchedPolicy
-from dreamer_ver.inference_client import Endpoint, flat_params
+from dreamer_ver.inference.client import Endpoint, flat_params
 from dreamer_ver.rpc import BatchServer, Server, free_port, handshake
 
 

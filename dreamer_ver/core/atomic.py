@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.config.validation import ConfigError
 
 # The errors after which no write to that file system will succeed until
 # an operator acts: the run stops in order instead of retrying.

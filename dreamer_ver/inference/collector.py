@@ -59,7 +59,7 @@ import traceback
 
 import numpy as np
 
-from dreamer_ver.inference_client import Deadline, InferenceClient
+from dreamer_ver.inference.client import Deadline, InferenceClient
 
 
 class Collector:
@@ -68,7 +68,7 @@ class Collector:
                total_frames=None, processes=False, timeout=60.0,
                **server_kwargs):
     # Not at the top: env processes import this module, and no JAX.
-    from dreamer_ver.inference import InferenceServer
+    from dreamer_ver.inference.server import InferenceServer
     makers = list(create_env_fn)
     if not makers or frames_per_batch < 1:
       raise ValueError('need at least one env and one frame per batch')

@@ -1,11 +1,13 @@
-"""dreamer_ver/atomic.py: atomic writes and the one-line storage fault."""
+"""dreamer_ver/core/atomic.py: atomic writes and the one-line storage fault."""
 
 import errno
 import os
 
 import pytest
 
-from dreamer_ver import atomic, validation
+from dreamer_ver.core import atomic
+
+from dreamer_ver.config import validation
 
 
 @pytest.mark.parametrize('code', [errno.ENOSPC, errno.EDQUOT, errno.EROFS])

@@ -1,4 +1,4 @@
-"""The library API (`dreamer_ver/inference.py`): any jitted batched policy
+"""The library API (`dreamer_ver/inference/server.py`): any jitted batched policy
 served to many callers, with per-env carries, checked by value.
 
 The carry of each env is a counter and a running sum of what that env sent:
@@ -18,7 +18,7 @@ import portal
 import pytest
 
 from dreamer_ver.actor import preemption
-from dreamer_ver.inference import InferenceServer
+from dreamer_ver.inference.server import InferenceServer
 from dreamer_ver.rpc import BlockingClient, ShmClient, split_addr, wire
 from dreamer_ver.rpc.transport import Transport
 from helpers.compiles import compiles
@@ -358,7 +358,7 @@ def test_a_trainer_in_another_process_pushes_weights_its_env_acts_with():
   pushed weights act in the next batch without a recompile, replies say
   their version, the carry goes on, and params of another shape are
   refused to the sender."""
-  from dreamer_ver.inference_client import InferenceClient, WeightSender
+  from dreamer_ver.inference.client import InferenceClient, WeightSender
   from dreamer_ver.rpc import MPTransport
   transport = MPTransport()
   server = InferenceServer(
@@ -396,7 +396,7 @@ def test_an_inference_client_reaches_the_server_over_any_transport():
   """One client class for every route: the server itself (in-process),
   a pickled endpoint (shm, tcp), a transport's own client."""
   import pickle
-  from dreamer_ver.inference_client import InferenceClient
+  from dreamer_ver.inference.client import InferenceClient
   server = InferenceServer(counting, SPEC, carry=CARRY, slots=4,
                            transports=('thread', 'shm', 'tcp'),
                            logging=False).start()

@@ -1,4 +1,4 @@
-"""The collector (`dreamer_ver/collector.py`): every env's transitions come
+"""The collector (`dreamer_ver/inference/collector.py`): every env's transitions come
 out complete and in order, each with the reply its own carry produced, on
 threads or in env processes, exactly `total_frames` of them."""
 
@@ -10,8 +10,8 @@ import pytest
 from helpers.envs import Counter
 from portal.client_socket import Disconnected
 
-from dreamer_ver.collector import Collector
-from dreamer_ver.inference import InferenceServer
+from dreamer_ver.inference.collector import Collector
+from dreamer_ver.inference.server import InferenceServer
 
 LENGTH = 5  # steps per episode after the reset
 CARRY = jnp.int32(0)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dreamer_ver.validation import ConfigError
+from dreamer_ver.config.validation import ConfigError
 
 # A suite's extra, by the module whose absence means it is not installed.
 EXTRAS = {'dm_control': 'dmc', 'mujoco': 'dmc', 'labmaze': 'dmc',

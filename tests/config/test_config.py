@@ -9,9 +9,9 @@ import textwrap
 import elements
 import pytest
 
-from dreamer_ver import config as C
+from dreamer_ver.config import loading as C
 from dreamer_ver import main as M
-from dreamer_ver import validation as V
+from dreamer_ver.config import validation as V
 
 from helpers import ROOT
 
@@ -441,7 +441,7 @@ def test_main_never_prints_or_saves_the_token(tmp_path, monkeypatch, capsys):
 def test_a_config_error_a_script_raises_at_start_is_one_line_and_exit_2(
     tmp_path, monkeypatch, capsys):
   (tmp_path / 'refusing_script_mod.py').write_text(textwrap.dedent('''
-      from dreamer_ver.config import ConfigError
+      from dreamer_ver.config.loading import ConfigError
       def run(config):
         raise ConfigError('the token file is empty')
   '''))
@@ -496,7 +496,7 @@ def test_the_config_blocks_live_at_the_top_level_and_ship_with_the_package():
   runs one outside the repo)."""
   from pathlib import Path
   import dreamer_ver
-  from dreamer_ver import config as configlib
+  from dreamer_ver.config import loading as configlib
   root = Path(dreamer_ver.__file__).resolve().parent.parent
   top = sorted(p.name for p in (root / 'configs').glob('*.yaml'))
   assert 'defaults.yaml' in top and 'debug.yaml' in top

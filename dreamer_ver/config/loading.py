@@ -28,7 +28,7 @@ matches a regex key by its prefix and converts any value with its old
 type's constructor: ``bool('False')`` is True).
 The checks of single values, and the ranges and cross-key constraints of a
 composed config (``validate``, which ``load_config`` runs), live in
-``validation.py``.
+``validation``.
 
 Every key of ``defaults.yaml`` has a trailing ``# comment`` on its line, its
 one-line meaning; :func:`meanings` reads them for ``--help``.
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import elements
 
-from dreamer_ver.validation import (
+from dreamer_ver.config.validation import (
     ConfigError, coerce, normalize, typename, validate)
 
 CONFIG_DIR = importlib.resources.files('dreamer_ver') / 'configs'

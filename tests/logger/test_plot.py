@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from dreamer_ver import plot
+from dreamer_ver.logger import plot
 
 REFERENCE = plot.REFERENCE_DIR / 'dmc_proprio-dreamerv3.json.gz'
 
