@@ -12,7 +12,7 @@ LEARNER = 'dreamer_ver.runtime.agent_process:run_learner'
 REPLAY = 'dreamer_ver.runtime.replay_process:serve_replay'
 LOGGER = 'dreamer_ver.runtime.logger_process:serve_logger'
 ENVS = 'dreamer_ver.runtime.env_worker:run_envs'
-EVAL_WORKER = 'dreamer_ver.evaluation.worker_server:serve'
+EVAL_WORKER = 'dreamer_ver.runtime.eval_worker_process:serve'
 
 
 def load(spec, what='callable'):
