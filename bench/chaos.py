@@ -72,7 +72,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import sys
@@ -146,8 +145,6 @@ def main():
       report = chaos(logdir, args.minutes, args.kill_every, args.envs,
                      args.length, args.step_time, args.seed, args.startup,
                      args.faults, args.stop_for, args.peer_timeout)
-      if args.disk_mb:  # The tmpfs goes: its output stays beside it.
-        shutil.copy(logdir / 'chaos_stdout.log', f'{logdir}.stdout.log')
     print(format_report(report), flush=True)
   if args.out:
     Path(args.out).write_text(json.dumps(report, indent=2) + '\n')
@@ -218,16 +215,16 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
     hit.pop('resume', None)
   killed = collections.Counter(
       k['kind'] for k in kills if k['pid'] and k['fault'] == 'kill')
-  output = (logdir / 'chaos_stdout.log').read_text(errors='replace')
+  output = Path(run.log.name).read_text(errors='replace')
   envs_started = len(seen['env'])
   storage = [k for k in kills if k['fault'] in STORAGE]
   report.update({
       'exit_code': code, 'left_running': leftover, 'kills': kills,
       'killed': dict(killed), 'lives': run.lives,
-      # A kill is followed by a new process of its kind (envs: one per env
-      # process, so their restarts are the pids beyond the first of each),
-      # and so is each life after the first.
-      'restarts': {kind: len(seen[kind]) - (
+      # A kill is followed by a new process of its kind; each life starts
+      # one of each kind (envs: one per env process) that replaced none, so
+      # the restarts are the pids beyond those.
+      'restarts': {kind: len(seen[kind]) - run.lives * (
           len([n for n in watch.pids(logdir) if _kind(n) == 'env'])
           if kind == 'env' else 1) for kind in KINDS},
       'env_processes_seen': envs_started,

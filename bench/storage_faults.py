@@ -113,8 +113,7 @@ def fill_and_free(logdir, kind, rng, at, run, **_):
          'fault_lines': len(lines), 'tracebacks': text.count('Traceback'),
          'line': lines[0][:300] if lines else None}
   if code is None:
-    run.proc.kill()
-    run.proc.wait()
+    run.kill()
   free(logdir)
   run.start('after the disk was freed')
   hit['ok'] = (code == 2 and 1 <= len(lines) <= 3
@@ -134,6 +133,8 @@ def corrupt_and_resume(logdir, kind, rng, at, run, **_):
     return {**hit, 'fault': 'corrupt (too early: one save)', 'ok': True}
   run.note('corrupt')
   code = run.stop()
+  if code is None:  # one life at a time, children included
+    run.kill()
   hit['stop_code'] = code
   hit['damaged_step'] = damage_checkpoint(logdir)
   run.start('after a damaged checkpoint')
@@ -150,13 +151,16 @@ def corrupt_and_resume(logdir, kind, rng, at, run, **_):
 class Run:
   """The soak's run, one life at a time: a storage fault ends a life, and
   the same command starts the next. All lives write one output file, each
-  after a line that names it."""
+  after a line that names it, beside the logdir (`<logdir>.stdout.log`):
+  on the file system the soak fills it would lose lines, and it outlives a
+  logdir that is a mount of its own. Each life is a session of its own, so
+  a life that does not stop is killed with its children."""
 
   def __init__(self, command, logdir, startup, shutdown):
     self.command = command
     self.startup = startup  # seconds a life may take to serve
     self.shutdown = shutdown  # seconds a life may take to stop
-    self.log = open(Path(logdir) / 'chaos_stdout.log', 'a')
+    self.log = open(f'{Path(logdir)}.stdout.log', 'w')
     self.env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
     self.lives = 0
     self.proc = None
@@ -167,7 +171,8 @@ class Run:
     self.lives += 1
     self.note(f'life {self.lives} ({why})')
     self.proc = subprocess.Popen(self.command, cwd=ROOT, env=self.env,
-                                 stdout=self.log, stderr=subprocess.STDOUT)
+                                 stdout=self.log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     if not watch.wait(lambda: 'First action served' in self.output(
         'life') or self.proc.poll() is not None, self.startup) or (
             self.proc.poll() is not None):
@@ -198,8 +203,15 @@ class Run:
     except subprocess.TimeoutExpired:
       return None
 
+  def kill(self):
+    """SIGKILL to the life's session: the run and every child it left."""
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(self.proc.pid, signal.SIGKILL)
+    self.proc.wait()
+
   def close(self):
+    """Kills a life still running; one that ended keeps whatever it left
+    running, for the soak's check of what was left."""
     if self.proc is not None and self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
+      self.kill()
     self.log.close()
