@@ -82,7 +82,7 @@ baseline is left out: portal's BatchServer calls Actor.step and ships
 nothing. The summary gives env steps/s both ways, their ratio, and the
 replay process's cores (`cpu_replay`).
 
-Usage (from the repository root; see bench/README.md):
+Usage (from the repository root; see docs/benchmarks.md):
 
   .venv/bin/python bench/actor_bench.py --out bench/results.json \
       --plot bench/results.png

@@ -26,7 +26,7 @@ about a third of what larger ones do).
 Matmul floor: every matrix product of the update timed alone (at its own
 shapes, dtypes and dimension numbers, on random operands, see
 `product_seconds`), times how often the update runs it: an estimate (not
-a strict bound; bench/README.md says why) of what an update would take if
+a strict bound; docs/benchmarks.md says why) of what an update would take if
 all its other work were free. `x_floor` is ms per update / floor, and
 `fraction_of_peak_at_floor` the fraction of the peak that
 this model's products reach at their shapes.

@@ -154,7 +154,7 @@ class BatchedPolicy:
     if lane.device is not None and self.store is None and not self.carries:
       # Else the lane's committed params and carries pin the step to its
       # device, and jit copies the host's arrays there itself: a device_put
-      # of the obs first costs more than the step on a CPU (bench/README.md).
+      # of the obs first costs more than the step on a CPU (docs/benchmarks.md).
       obs = jax.device_put(obs, lane.device)
     lane.table, out = self._step(
         lane.table, slots, self._leaves(lane, params), obs, self.key,

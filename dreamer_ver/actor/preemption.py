@@ -251,7 +251,7 @@ class Preempt(Cutoff):
   learner's time LT is reported (`Shared`) but not added to a batch's
   cost: the learner runs beside the actor, not between rollouts, so its
   share of the device is already in the measured inference times (adding
-  it again made larger, slower batches: bench/README.md).
+  it again made larger, slower batches: docs/benchmarks.md).
 
   It learns, per env, the time from a reply to that env's next request (its
   step time, windowed mean), and the inference time of each padded bucket.

@@ -92,7 +92,7 @@ def block_product(x, kernel):
 
   XLA:CPU runs a batched `dot_general` (what an einsum over the blocks
   becomes) at about half the speed of the same g products done one by one
-  (bench/README.md, `learner_bench.py`), so CPU gets the loop and
+  (docs/benchmarks.md, `learner_bench.py`), so CPU gets the loop and
   other backends the einsum. Both compute the same values.
   """
   if jax.default_backend() == 'cpu':

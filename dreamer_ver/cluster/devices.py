@@ -23,7 +23,7 @@ buffers as fresh pages again (94,700 page faults); with one arena kept
 thread allocates from one heap, whose searches cost more than the faults
 on some CPUs. `mimalloc` (the default) keeps per-thread heaps and, with
 purging off, every page it has had: neither faults nor one shared heap
-(bench/README.md, learner section, has the figures of all three). Each is
+(docs/benchmarks.md, learner section, has the figures of all three). Each is
 a setting a process must start with (a preloaded library, glibc's
 tunables), so the command line's `main` starts again with it
 (`malloc_restart_env`); the library comes with the `cmeel-mimalloc` wheel,

@@ -4,7 +4,7 @@ socket folder. The server is `shm.py` (ShmTransport), the client
 
 On one host, packing every call into portal's frame, pushing it through TCP
 and unpacking it on both sides costs more than a fast env step
-(bench/README.md). Here a caller writes its arrays into a slot of memory it
+(docs/benchmarks.md). Here a caller writes its arrays into a slot of memory it
 shares with the server and sends a 13-byte message; the server hands views
 of the slot to the batch, writes the reply arrays into the same slot and
 answers with a 17-byte message. Habitat VER's transfer buffers and TorchRL's
