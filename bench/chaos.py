@@ -20,7 +20,7 @@ kind is hit equally often -- with one of the `--faults`:
          for 30 s
 
 or with a storage fault, each of which ends a life of the run (the same
-command then starts the next, as a user would; bench/storage_faults.py):
+command then starts the next, as a user would; bench/faults.py):
 
   fill     the logdir's file system filled to the last byte (`--disk_mb`:
            the logdir is a tmpfs of that size, root), then freed once the
@@ -70,9 +70,7 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import random
-import signal
 import socket
 import sys
 import tempfile
@@ -80,13 +78,10 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
-import storage_faults
+import faults as faultlib
 import watch
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ('env', 'replay', 'logger', 'agent')
 FAULTS = ('kill', 'stop', 'flood')
 STORAGE = {'fill': 'disk', 'corrupt': 'checkpoint'}  # fault -> what it hits
 SERVES = {'replay': 'run.replay_addr', 'logger': 'run.logger_addr',
@@ -94,7 +89,6 @@ SERVES = {'replay': 'run.replay_addr', 'logger': 'run.logger_addr',
 FLOOD = 200  # connections that never handshake
 FLOOD_SECONDS = 30
 SHUTDOWN_BUDGET = 60  # The runtime's 15 s per stop group plus the saves.
-QUIET_END = 20  # No kills in the last seconds: the killed come back first.
 
 
 def main():
@@ -133,7 +127,7 @@ def main():
   if 'fill' in args.faults and not args.disk_mb:
     parser.error('--faults fill needs --disk_mb (a file system to fill)')
   logdir = Path(args.logdir or tempfile.mkdtemp(prefix='chaos_'))
-  disk = (storage_faults.mounted(logdir, args.disk_mb) if args.disk_mb
+  disk = (faultlib.mounted(logdir, args.disk_mb) if args.disk_mb
           else contextlib.nullcontext())
   if args.hosts:
     report = chaos_hosts.chaos_hosts(
@@ -169,18 +163,18 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
   for key, value in flags.items():
     command += [f'--{key}', str(value)]
   logdir.mkdir(parents=True, exist_ok=True)
-  run = storage_faults.Run(command, logdir, startup, SHUTDOWN_BUDGET)
+  run = faultlib.Run(command, logdir, startup, SHUTDOWN_BUDGET)
   report = {'command': ' '.join(command), 'logdir': str(logdir),
             'minutes': minutes, 'kill_every': list(kill_every),
             'faults': list(faults), 'stop_for': list(stop_for),
             'peer_timeout': peer_timeout}
   kills, seen = [], collections.defaultdict(set)  # kind -> pids seen
-  plan = [(kind, fault) for kind in KINDS for fault in faults
+  plan = [(kind, fault) for kind in faultlib.KINDS for fault in faults
           if fault in FAULTS and not (kind == 'env' and fault == 'flood')]
   plan += [(STORAGE[fault], fault) for fault in faults if fault in STORAGE]
-  hits = {'kill': _kill, 'stop': _stop, 'flood': _flood,
-          'fill': storage_faults.fill_and_free,
-          'corrupt': storage_faults.corrupt_and_resume}
+  hits = {'kill': faultlib.kill, 'stop': faultlib.stop, 'flood': _flood,
+          'fill': faultlib.fill_and_free,
+          'corrupt': faultlib.corrupt_and_resume}
   try:
     run.start('first')
     start = time.monotonic()
@@ -191,9 +185,9 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       if run.proc.poll() is not None:
         raise RuntimeError(f'the run exited early with {run.proc.returncode}')
       for name, pid in watch.pids(logdir).items():
-        seen[_kind(name)].add(pid)
+        seen[faultlib.kind_of(name)].add(pid)
       now = time.monotonic()
-      if now >= next_kill and now < deadline - QUIET_END:
+      if now >= next_kill and now < deadline - faultlib.QUIET_END:
         order = order or rng.sample(plan, len(plan))
         kind, fault = order.pop()
         kills.append(hits[fault](logdir, kind, rng, now - start,
@@ -201,7 +195,7 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
         next_kill = time.monotonic() + rng.uniform(*kill_every)
       time.sleep(0.5)
     for name, pid in watch.pids(logdir).items():
-      seen[_kind(name)].add(pid)
+      seen[faultlib.kind_of(name)].add(pid)
     for hit in kills:  # A stop that outlasted the soak ends before SIGTERM.
       if hit.get('resume') is not None:
         hit['resume'].join()
@@ -225,17 +219,17 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       # one of each kind (envs: one per env process) that replaced none, so
       # the restarts are the pids beyond those.
       'restarts': {kind: len(seen[kind]) - run.lives * (
-          len([n for n in watch.pids(logdir) if _kind(n) == 'env'])
-          if kind == 'env' else 1) for kind in KINDS},
+          len([n for n in watch.pids(logdir) if faultlib.kind_of(n) == 'env'])
+          if kind == 'env' else 1) for kind in faultlib.KINDS},
       'env_processes_seen': envs_started,
       'faults_done': dict(collections.Counter(
           f"{k['kind']} {k['fault']}" for k in kills
           if k['pid'] or k.get('connections') or k['fault'] in STORAGE)),
       'storage_faults_handled': sum(k['ok'] for k in storage),
       'storage_faults_mishandled': [k for k in storage if not k['ok']],
-      'unreported_stops': unreported(kills, output, peer_timeout),
+      'unreported_stops': faultlib.unreported(kills, output, peer_timeout),
       'steps': watch.read_json(logdir / 'ckpt' / 'logger.json').get('step', 0)})
-  report.update(check_rows(logdir, length))
+  report.update(faultlib.check_rows(logdir, length))
   report['ok'] = bool(
       code == 0 and not leftover and report['lost_rows'] == 0 and
       report['duplicated_rows'] == 0 and report['carries_mixed'] == 0 and
@@ -244,150 +238,6 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       and not report['storage_faults_mishandled']
       and all(report['restarts'][k] >= killed[k] for k in killed))
   return report
-
-
-def unreported(hits, output, peer_timeout):
-  """The stops of a server, long enough to be reported, that no line of the
-  run's output names."""
-  missed = []
-  for hit in hits:
-    if (hit['fault'] == 'stop' and hit['pid'] and hit['kind'] != 'env'
-        and hit['seconds'] >= peer_timeout / 6 + 2):
-      if f"{hit['name']} (pid {hit['pid']}) has answered no heartbeat" not in (
-          output):
-        missed.append(f"{hit['name']} pid {hit['pid']} at {hit['t']} s")
-  return missed
-
-
-# ------------------------------------------------------------------ checks
-
-def check_rows(logdir, length):
-  """The stored-data checks of the module docstring."""
-  rows = ordered_rows(logdir)
-  tag = rows['tag']
-  same_env = (tag[1:, :2] == tag[:-1, :2]).all(1)
-  step = tag[1:, 2] - tag[:-1, 2]
-  first = rows['is_first'][1:].astype(bool)
-  duplicated = int((same_env & (step == 0)).sum())
-  lost = int((same_env & (step > 1) & ~first).sum())
-  pairs = carry_pairs(rows)
-  mixed = carries_mixed(logdir, rows, pairs)
-  times = np.sort(rows['time'])
-  scores = [json.loads(line) for line in
-            (Path(logdir) / 'scores.jsonl').read_text().splitlines()]
-  ids = collections.Counter(
-      (s['env'], s['log/pid'], s['log/episode']) for s in scores)
-  return {
-      'stored_rows': int(len(tag)), 'lost_rows': lost,
-      'duplicated_rows': duplicated, 'checked_carries': int(len(pairs)),
-      'carries_mixed': mixed, 'episodes_logged': len(scores),
-      'episodes_twice': sum(n - 1 for n in ids.values()),
-      'episodes_with_holes': sum(s['length'] != length for s in scores),
-      'longest_idle_s': round(float(np.diff(times).max()) / 1e9, 1)
-      if len(times) > 1 else None}
-
-
-def ordered_rows(logdir):
-  """The stored train rows, ordered by env process and serial."""
-  rows = stored_rows(Path(logdir) / 'replay')
-  tag = rows['tag']
-  order = np.lexsort((tag[:, 2], tag[:, 1], tag[:, 0]))
-  return {k: v[order] for k, v in rows.items()}
-
-
-def carry_pairs(rows):
-  """Indices i where ordered rows i and i + 1 are consecutive steps of one
-  env process within an episode: row i's carry is what row i + 1 used."""
-  tag = rows['tag']
-  return np.flatnonzero(
-      (tag[1:, :2] == tag[:-1, :2]).all(1) & (tag[1:, 2] - tag[:-1, 2] == 1)
-      & ~rows['is_first'][1:].astype(bool))
-
-
-def stored_rows(directory):
-  """Every row of the chunk files in `directory` (a kill mid-rewrite can
-  leave two files of one chunk: the longer one holds all rows) with its
-  row time under `time`."""
-  from dreamer_ver.replay.chunk import Chunk
-  chunks = {}
-  for path in Path(directory).glob('*.npz'):
-    chunk = Chunk.load(path)
-    if chunk.uuid not in chunks or chunk.length > chunks[chunk.uuid].length:
-      chunks[chunk.uuid] = chunk
-  chunks = [c for c in chunks.values() if c.length]
-  rows = {k: np.concatenate([c.data[k] for c in chunks])
-          for k in chunks[0].data}
-  rows['time'] = np.concatenate([c.times for c in chunks])
-  return rows
-
-
-def carries_mixed(logdir, rows, pairs, batch=1024):
-  """How many of `pairs` (index i: rows i and i + 1 of one env) disagree
-  with the policy: the state it computes from row i's latent and action and
-  row i + 1's observation must be the stored latent of row i + 1."""
-  import elements
-  import jax
-  from dreamer_ver.agent import checkpoint
-  from dreamer_ver.agent.agent import policy_params
-  from dreamer_ver.runtime.agent_process import build_agent
-  config = elements.Config.load(Path(logdir) / 'config.yaml')
-  agent = build_agent(config)
-  _, state, _ = checkpoint.restore(agent, config.logdir, config.seed)
-  params = policy_params(state['params'])
-  step = jax.jit(lambda carry, obs: agent.policy_step(
-      params, carry, obs, jax.random.PRNGKey(0))[2]['dyn/deter'])
-  mixed = 0
-  for begin in range(0, len(pairs), batch):
-    i = pairs[begin:begin + batch]
-    carry = {'deter': rows['dyn/deter'][i], 'stoch': rows['dyn/stoch'][i],
-             'action': {k: rows[k][i] for k in agent.act_space}}
-    obs = {k: rows[k][i + 1] for k in agent.obs_space
-           if not k.startswith('log/')}
-    deter = np.asarray(step(carry, obs))
-    mixed += int((~np.isclose(deter, rows['dyn/deter'][i + 1],
-                              rtol=1e-3, atol=1e-4).all(1)).sum())
-  return mixed
-
-
-# ----------------------------------------------------------------- helpers
-
-def _pick(logdir, kind, rng):
-  """A running process of `kind`: (name, pid), pid None if none runs now
-  (it is restarting)."""
-  names = sorted(n for n in watch.pids(logdir) if _kind(n) == kind)
-  name = rng.choice(names) if names else None
-  pid = watch.pids(logdir).get(name)
-  return name, pid if pid is not None and watch.alive(pid) else None
-
-
-def _kill(logdir, kind, rng, at, **_):
-  """SIGKILLs one process of `kind`; returns what was done."""
-  name, pid = _pick(logdir, kind, rng)
-  if pid is not None:
-    os.kill(pid, signal.SIGKILL)
-  return {'t': round(at, 1), 'kind': kind, 'fault': 'kill', 'name': name,
-          'pid': pid}
-
-
-def _stop(logdir, kind, rng, at, stop_for, **_):
-  """SIGSTOPs one process of `kind` and SIGCONTs it after a while (on a
-  thread: the soak goes on meanwhile), unless it was killed by then."""
-  name, pid = _pick(logdir, kind, rng)
-  seconds = round(rng.uniform(*stop_for), 1)
-  resume = None
-  if pid is not None:
-    os.kill(pid, signal.SIGSTOP)
-
-    def cont():
-      time.sleep(seconds)
-      try:
-        os.kill(pid, signal.SIGCONT)
-      except ProcessLookupError:
-        pass  # Its supervisor killed the hung process.
-    resume = threading.Thread(target=cont, daemon=True)
-    resume.start()
-  return {'t': round(at, 1), 'kind': kind, 'fault': 'stop', 'name': name,
-          'pid': pid, 'seconds': seconds, 'resume': resume}
 
 
 def _flood(logdir, kind, rng, at, addrs, **_):
@@ -409,10 +259,6 @@ def _flood(logdir, kind, rng, at, addrs, **_):
   resume.start()
   return {'t': round(at, 1), 'kind': kind, 'fault': 'flood', 'name': kind,
           'pid': None, 'connections': len(socks), 'resume': resume}
-
-
-def _kind(name):
-  return 'env' if name.startswith('env') else name
 
 
 def format_report(report):

@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-import chaos
+import faults as faultlib
 import watch
 from netns import Hosts
 
@@ -151,14 +151,14 @@ def chaos_hosts(logdir, minutes, kill_every, envs=4, length=50,
       next_hit = start + rng.uniform(*kill_every)
       while time.monotonic() < deadline:
         now = time.monotonic()
-        if now >= next_hit and now < deadline - chaos.QUIET_END - CUT:
+        if now >= next_hit and now < deadline - faultlib.QUIET_END - CUT:
           order = order or rng.sample(plan, len(plan))
           fault, target = order.pop()
           at = now - start
           if fault == 'kill':
-            hits.append(chaos._kill(logdir, target, rng, at))
+            hits.append(faultlib.kill(logdir, target, rng, at))
           elif fault == 'stop':
-            hits.append(chaos._stop(logdir, target, rng, at,
+            hits.append(faultlib.stop(logdir, target, rng, at,
                                     stop_for=stop_for))
           elif fault == 'vanish':
             fleet = rng.choice(sorted(fleets))
@@ -187,10 +187,10 @@ def chaos_hosts(logdir, minutes, kill_every, envs=4, length=50,
       'exit_codes': codes, 'left_running': leftover, 'faults_done': dict(
           collections.Counter(f"{h['kind']} {h['fault']}" for h in hits)),
       'hits': hits,
-      'unreported_stops': chaos.unreported(hits, output, PEER_TIMEOUT),
+      'unreported_stops': faultlib.unreported(hits, output, PEER_TIMEOUT),
       'steps': watch.read_json(logdir / 'ckpt' / 'logger.json').get(
           'step', 0)})
-  report.update(chaos.check_rows(logdir, length))
+  report.update(faultlib.check_rows(logdir, length))
   report['ok'] = bool(
       all(code == 0 for code in codes.values()) and not leftover and
       report['lost_rows'] == 0 and report['duplicated_rows'] == 0 and
@@ -205,7 +205,7 @@ def _plan(faults, host_names):
   plan = []
   for fault in faults:
     if fault in ('kill', 'stop'):
-      plan += [(fault, kind) for kind in chaos.KINDS]
+      plan += [(fault, kind) for kind in faultlib.KINDS]
     elif fault in ('partition', 'oneway'):
       plan += [(fault, host) for host in host_names if host != 'spare']
     else:

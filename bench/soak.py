@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import watch
-from chaos import stored_rows
+from faults import stored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHUTDOWN_BUDGET = 30  # The runtime's 15 s per group plus the agent's save.

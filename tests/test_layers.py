@@ -244,3 +244,25 @@ def test_no_module_is_longer_than_a_newcomer_reads_at_once():
   lengths = {path.relative_to(PACKAGE).as_posix(): len(
       path.read_text().splitlines()) for path in PACKAGE.rglob('*.py')}
   assert {name: n for name, n in lengths.items() if n > 500} == {}
+
+
+def bench_graph(folder):
+  """bench/'s scripts -> the bench modules they import (bench puts itself
+  on sys.path: its modules import each other by their bare names)."""
+  scripts = {path.stem: path for path in folder.glob('*.py')}
+  graph = {}
+  for name, path in scripts.items():
+    imported = {alias.split('.')[0] for alias in imports(path, path.parent)}
+    graph[name] = (imported & set(scripts)) - {name}
+  return graph
+
+
+def test_no_bench_module_imports_itself_through_others(tmp_path):
+  bench = PACKAGE.parent / 'bench'
+  assert cycles(bench_graph(bench)) == []
+  copy = tmp_path / 'bench'
+  shutil.copytree(bench, copy, ignore=shutil.ignore_patterns('__pycache__'))
+  with (copy / 'faults.py').open('a') as f:
+    f.write('\n\ndef _offence():\n  import chaos\n')
+  # chaos -> chaos_hosts -> faults -> chaos
+  assert cycles(bench_graph(copy)) == [['chaos', 'chaos_hosts', 'faults']]

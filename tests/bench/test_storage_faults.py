@@ -1,4 +1,4 @@
-"""The chaos soak's storage faults (bench/storage_faults.py): a filled file
+"""The chaos soak's storage faults (bench/faults.py): a filled file
 system refuses the next write and takes it again once freed; a damaged
 checkpoint is skipped and an older save resumed."""
 
@@ -12,7 +12,7 @@ from helpers import ROOT
 from helpers.storage import can_mount
 sys.path.insert(0, str(ROOT / 'bench'))
 
-import storage_faults  # noqa: E402
+import faults  # noqa: E402
 from dreamer_ver.agent.checkpoint import Checkpoint, newest_intact  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def test_a_damaged_checkpoint_resumes_from_the_save_before_it(
   ckpt = Checkpoint(tmp_path, keep=3)
   for step in (100, 200, 300):
     ckpt.save(_state(step), {'steps': step, 'version': step // 100})
-  assert storage_faults.damage_checkpoint(tmp_path) == 300
+  assert faults.damage_checkpoint(tmp_path) == 300
   state, counters = newest_intact(ckpt, _state(0))
   # The newest kept save is the same file as the latest: damaged too.
   assert counters == {'steps': 200, 'version': 2}
@@ -38,15 +38,15 @@ def test_a_damaged_checkpoint_resumes_from_the_save_before_it(
 
 @pytest.mark.skipif(not can_mount(), reason='mounting a tmpfs needs root')
 def test_a_filled_file_system_refuses_the_next_write_until_freed(tmp_path):
-  with storage_faults.mounted(tmp_path / 'disk', 4) as disk:
+  with faults.mounted(tmp_path / 'disk', 4) as disk:
     (disk / 'kept').write_bytes(b'x' * 100_000)
-    filled = storage_faults.fill(disk)
+    filled = faults.fill(disk)
     assert 3_500_000 < filled < 4 * 2 ** 20
     with pytest.raises(OSError) as refused:
       with open(disk / 'next', 'wb') as file:
         file.write(b'y' * 8192)
     assert refused.value.errno == errno.ENOSPC
-    storage_faults.free(disk)
+    faults.free(disk)
     (disk / 'next').write_bytes(b'y' * 1_000_000)
     assert (disk / 'kept').read_bytes() == b'x' * 100_000
   assert not (tmp_path / 'disk' / 'kept').exists()  # unmounted

@@ -12,7 +12,7 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / 'bench'))
 
 import chaos  # noqa: E402
-import storage_faults  # noqa: E402
+import faults  # noqa: E402
 from helpers.storage import can_mount  # noqa: E402
 
 FILL = can_mount()  # a tmpfs to fill (root: CI)
@@ -20,7 +20,7 @@ FILL = can_mount()  # a tmpfs to fill (root: CI)
 
 def test_a_short_chaos_soak_loses_mixes_and_duplicates_nothing(tmp_path):
   logdir = tmp_path / 'run'
-  with (storage_faults.mounted(logdir, 256) if FILL
+  with (faults.mounted(logdir, 256) if FILL
         else contextlib.nullcontext()):
     _soak_and_check(logdir)
 
@@ -38,9 +38,9 @@ def _soak_and_check(logdir):
     assert report['lives'] == fills + 1, summary
   # Every kind of component was killed (shuffled rounds of four) and came
   # back, and the run still ended cleanly.
-  assert set(report['killed']) == set(chaos.KINDS), summary
+  assert set(report['killed']) == set(faults.KINDS), summary
   assert all(report['restarts'][kind] >= report['killed'][kind]
-             for kind in chaos.KINDS), summary
+             for kind in faults.KINDS), summary
   assert report['exit_code'] == 0 and not report['left_running'], summary
   assert report['lost_rows'] == 0 and report['duplicated_rows'] == 0, summary
   assert report['checked_carries'] > 500, summary
@@ -52,8 +52,8 @@ def _soak_and_check(logdir):
   # The carry check can fail: give each checked step the latent of another
   # env's row, and (nearly) every pair is caught; the tiny debug model maps
   # a rare pair of different carries to nearly the same state.
-  rows = chaos.ordered_rows(logdir)
-  pairs = chaos.carry_pairs(rows)[::2][:200]
+  rows = faults.ordered_rows(logdir)
+  pairs = faults.carry_pairs(rows)[::2][:200]
   pairs = pairs[~np.isin(pairs + 1, pairs)]  # Targets stay unswapped.
   envs = rows['tag'][:, 0]
   rng = np.random.default_rng(0)
@@ -63,5 +63,5 @@ def _soak_and_check(logdir):
              'dyn/stoch': rows['dyn/stoch'].copy()}
   swapped['dyn/deter'][pairs] = rows['dyn/deter'][other]
   swapped['dyn/stoch'][pairs] = rows['dyn/stoch'][other]
-  assert chaos.carries_mixed(logdir, rows, pairs) == 0
-  assert chaos.carries_mixed(logdir, swapped, pairs) >= 0.9 * len(pairs)
+  assert faults.carries_mixed(logdir, rows, pairs) == 0
+  assert faults.carries_mixed(logdir, swapped, pairs) >= 0.9 * len(pairs)

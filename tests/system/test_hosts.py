@@ -37,7 +37,7 @@ import pytest
 from helpers import ROOT
 sys.path.insert(0, str(ROOT / 'bench'))
 import watch  # noqa: E402  (bench/watch.py)
-from chaos import check_rows  # noqa: E402  (bench/chaos.py)
+from faults import check_rows  # noqa: E402  (bench/faults.py)
 from chaos_hosts import Run, run_flags  # noqa: E402
 from netns import Hosts, unavailable  # noqa: E402  (bench/netns.py)
 

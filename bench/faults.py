@@ -1,7 +1,20 @@
-"""Storage faults for the chaos soak (bench/chaos.py `--faults fill
-corrupt`): a logdir on a file system of its own, filled to the last byte
-and freed again, and an agent checkpoint damaged between two lives of the
-run. Each ends a life of the run (`Run`); the same command starts the next.
+"""The fault soaks' shared primitives (bench/chaos.py, bench/chaos_hosts.py,
+bench/soak.py): a run's processes hit by kind, the checks of what the run
+stored, and the storage faults.
+
+  KINDS, kind_of(name)            the components a soak hits; a pid file's
+                                  kind
+  pick, kill, stop                one running process of a kind: chosen,
+                                  SIGKILLed, SIGSTOPped for a while
+  unreported(hits, output, ...)   the long stops of a server no line names
+  check_rows(logdir, length)      rows lost, duplicated, carries mixed,
+                                  episodes twice or with holes (chaos.py's
+                                  docstring says how each is counted)
+
+Storage faults (`--faults fill corrupt`): a logdir on a file system of its
+own, filled to the last byte and freed again, and an agent checkpoint
+damaged between two lives of the run. Each ends a life of the run (`Run`);
+the same command starts the next.
 
   mounted(directory, megabytes)   a tmpfs of that size at `directory`
                                   (root), unmounted on exit
@@ -15,6 +28,7 @@ run. Each ends a life of the run (`Run`); the same command starts the next.
   Run                             the soak's run, one life at a time
 """
 
+import collections
 import contextlib
 import errno
 import json
@@ -23,14 +37,19 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import time
 import zipfile
 from pathlib import Path
+
+import numpy as np
 
 import watch
 
 ROOT = Path(__file__).resolve().parent.parent
 BALLAST = 'ballast'  # the filler's file name, in the filled folder
+KINDS = ('env', 'replay', 'logger', 'agent')
+QUIET_END = 20  # No kills in the last seconds: the killed come back first.
 
 
 @contextlib.contextmanager
@@ -215,3 +234,148 @@ class Run:
     if self.proc is not None and self.proc.poll() is None:
       self.kill()
     self.log.close()
+
+
+def kind_of(name):
+  """The kind of a process by its pid file's name: env0, env1, ... are envs."""
+  return 'env' if name.startswith('env') else name
+
+
+def unreported(hits, output, peer_timeout):
+  """The stops of a server, long enough to be reported, that no line of the
+  run's output names."""
+  missed = []
+  for hit in hits:
+    if (hit['fault'] == 'stop' and hit['pid'] and hit['kind'] != 'env'
+        and hit['seconds'] >= peer_timeout / 6 + 2):
+      if f"{hit['name']} (pid {hit['pid']}) has answered no heartbeat" not in (
+          output):
+        missed.append(f"{hit['name']} pid {hit['pid']} at {hit['t']} s")
+  return missed
+
+
+def check_rows(logdir, length):
+  """The stored-data checks of the module docstring."""
+  rows = ordered_rows(logdir)
+  tag = rows['tag']
+  same_env = (tag[1:, :2] == tag[:-1, :2]).all(1)
+  step = tag[1:, 2] - tag[:-1, 2]
+  first = rows['is_first'][1:].astype(bool)
+  duplicated = int((same_env & (step == 0)).sum())
+  lost = int((same_env & (step > 1) & ~first).sum())
+  pairs = carry_pairs(rows)
+  mixed = carries_mixed(logdir, rows, pairs)
+  times = np.sort(rows['time'])
+  scores = [json.loads(line) for line in
+            (Path(logdir) / 'scores.jsonl').read_text().splitlines()]
+  ids = collections.Counter(
+      (s['env'], s['log/pid'], s['log/episode']) for s in scores)
+  return {
+      'stored_rows': int(len(tag)), 'lost_rows': lost,
+      'duplicated_rows': duplicated, 'checked_carries': int(len(pairs)),
+      'carries_mixed': mixed, 'episodes_logged': len(scores),
+      'episodes_twice': sum(n - 1 for n in ids.values()),
+      'episodes_with_holes': sum(s['length'] != length for s in scores),
+      'longest_idle_s': round(float(np.diff(times).max()) / 1e9, 1)
+      if len(times) > 1 else None}
+
+
+def ordered_rows(logdir):
+  """The stored train rows, ordered by env process and serial."""
+  rows = stored_rows(Path(logdir) / 'replay')
+  tag = rows['tag']
+  order = np.lexsort((tag[:, 2], tag[:, 1], tag[:, 0]))
+  return {k: v[order] for k, v in rows.items()}
+
+
+def carry_pairs(rows):
+  """Indices i where ordered rows i and i + 1 are consecutive steps of one
+  env process within an episode: row i's carry is what row i + 1 used."""
+  tag = rows['tag']
+  return np.flatnonzero(
+      (tag[1:, :2] == tag[:-1, :2]).all(1) & (tag[1:, 2] - tag[:-1, 2] == 1)
+      & ~rows['is_first'][1:].astype(bool))
+
+
+def stored_rows(directory):
+  """Every row of the chunk files in `directory` (a kill mid-rewrite can
+  leave two files of one chunk: the longer one holds all rows) with its
+  row time under `time`."""
+  from dreamer_ver.replay.chunk import Chunk
+  chunks = {}
+  for path in Path(directory).glob('*.npz'):
+    chunk = Chunk.load(path)
+    if chunk.uuid not in chunks or chunk.length > chunks[chunk.uuid].length:
+      chunks[chunk.uuid] = chunk
+  chunks = [c for c in chunks.values() if c.length]
+  rows = {k: np.concatenate([c.data[k] for c in chunks])
+          for k in chunks[0].data}
+  rows['time'] = np.concatenate([c.times for c in chunks])
+  return rows
+
+
+def carries_mixed(logdir, rows, pairs, batch=1024):
+  """How many of `pairs` (index i: rows i and i + 1 of one env) disagree
+  with the policy: the state it computes from row i's latent and action and
+  row i + 1's observation must be the stored latent of row i + 1."""
+  import elements
+  import jax
+  from dreamer_ver.agent import checkpoint
+  from dreamer_ver.agent.agent import policy_params
+  from dreamer_ver.runtime.agent_process import build_agent
+  config = elements.Config.load(Path(logdir) / 'config.yaml')
+  agent = build_agent(config)
+  _, state, _ = checkpoint.restore(agent, config.logdir, config.seed)
+  params = policy_params(state['params'])
+  step = jax.jit(lambda carry, obs: agent.policy_step(
+      params, carry, obs, jax.random.PRNGKey(0))[2]['dyn/deter'])
+  mixed = 0
+  for begin in range(0, len(pairs), batch):
+    i = pairs[begin:begin + batch]
+    carry = {'deter': rows['dyn/deter'][i], 'stoch': rows['dyn/stoch'][i],
+             'action': {k: rows[k][i] for k in agent.act_space}}
+    obs = {k: rows[k][i + 1] for k in agent.obs_space
+           if not k.startswith('log/')}
+    deter = np.asarray(step(carry, obs))
+    mixed += int((~np.isclose(deter, rows['dyn/deter'][i + 1],
+                              rtol=1e-3, atol=1e-4).all(1)).sum())
+  return mixed
+
+
+def pick(logdir, kind, rng):
+  """A running process of `kind`: (name, pid), pid None if none runs now
+  (it is restarting)."""
+  names = sorted(n for n in watch.pids(logdir) if kind_of(n) == kind)
+  name = rng.choice(names) if names else None
+  pid = watch.pids(logdir).get(name)
+  return name, pid if pid is not None and watch.alive(pid) else None
+
+
+def kill(logdir, kind, rng, at, **_):
+  """SIGKILLs one process of `kind`; returns what was done."""
+  name, pid = pick(logdir, kind, rng)
+  if pid is not None:
+    os.kill(pid, signal.SIGKILL)
+  return {'t': round(at, 1), 'kind': kind, 'fault': 'kill', 'name': name,
+          'pid': pid}
+
+
+def stop(logdir, kind, rng, at, stop_for, **_):
+  """SIGSTOPs one process of `kind` and SIGCONTs it after a while (on a
+  thread: the soak goes on meanwhile), unless it was killed by then."""
+  name, pid = pick(logdir, kind, rng)
+  seconds = round(rng.uniform(*stop_for), 1)
+  resume = None
+  if pid is not None:
+    os.kill(pid, signal.SIGSTOP)
+
+    def cont():
+      time.sleep(seconds)
+      try:
+        os.kill(pid, signal.SIGCONT)
+      except ProcessLookupError:
+        pass  # Its supervisor killed the hung process.
+    resume = threading.Thread(target=cont, daemon=True)
+    resume.start()
+  return {'t': round(at, 1), 'kind': kind, 'fault': 'stop', 'name': name,
+          'pid': pid, 'seconds': seconds, 'resume': resume}
