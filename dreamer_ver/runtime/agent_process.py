@@ -8,7 +8,8 @@ thread, and the loop that logs them until the run is done.
   build_learner(config, agent, state, store, ckpt, counters, links, logger)
                                                  -> Learner (compile_learner
                                                     compiles it)
-  run_agent(config, eval_host)                   -> builds them and runs
+  run_agent(config, eval_host)                   -> an AgentLife built,
+                                                    served and finished
   run_learner(config)                            -> a multi-host run's learner
                                                     on another host
 
@@ -119,136 +120,177 @@ def run_agent(config, eval_host='process', stop=None):
   stands) and returns 1, so the supervisor restarts the agent from its
   checkpoint instead of serving on with frozen params or not at all.
   """
-  began = time.monotonic()
-  config = with_token(config)
-  run = config.run
-  stop = stop if stop is not None else StopSignal()
-  policy_devices, train_devices = devices.setup(config)
-  agent = build_agent(config)
-  ckpt, state, counters = checkpoint.restore(
-      agent, config.logdir, config.seed, config.run.from_checkpoint,
-      config.run.keep_checkpoints)
-  store = ParamsStore(policy_params(state['params']), counters['version'],
-                      devices=policy_devices)
-  links = Links.of(config)
-  actor, server, shared = build_actor(config, agent, store, counters, links)
-  logger = links.connect('logger', 'LearnerLogger', maxinflight=2,
-                         when_full='drop')
-  # VER's learner time: only where the learner takes the policy's device.
-  shares = run.actor_cutoff == 'preempt' and bool(
-      set(policy_devices) & set(train_devices))
-  learner = build_learner(
-      config, agent, state, store, ckpt, counters, links, logger,
-      train_devices, shared.learner_time if shares else None)
-  shipper = actor.shipper
-  start = time.monotonic()
-  faults = []  # A save's StorageFault: no later save is tried.
-  cause = None  # Why the agent cannot go on, once the main loop finds it.
-  done = lambda: bool(stop) or shipper.served >= run.steps or (
-      run.duration > 0 and time.monotonic() - start >= run.duration)
-  server.start()
+  life = AgentLife.build(config, eval_host, stop)
+  life.serve()
+  return life.finish()
 
-  def save():
+
+class AgentLife:
+  """One life of the agent process, in three steps: `build` makes its parts
+  and starts them, `serve` logs them until the run is done or a part failed
+  (`cause` says which), `finish` stops them, saves what is sound and closes
+  them (the exit code)."""
+
+  @classmethod
+  def build(cls, config, eval_host='process', stop=None):
+    """The parts, started: the actor serving, the learner thread compiling
+    (the envs act and fill replay meanwhile), the eval worker."""
+    life = cls()
+    life.began = time.monotonic()
+    life.config = config = with_token(config)
+    run = config.run
+    life.stop = stop = stop if stop is not None else StopSignal()
+    policy_devices, train_devices = devices.setup(config)
+    agent = build_agent(config)
+    ckpt, state, counters = checkpoint.restore(
+        agent, config.logdir, config.seed, config.run.from_checkpoint,
+        config.run.keep_checkpoints)
+    store = ParamsStore(policy_params(state['params']), counters['version'],
+                        devices=policy_devices)
+    life.links = links = Links.of(config)
+    life.actor, life.server, shared = build_actor(
+        config, agent, store, counters, links)
+    life.logger = links.connect('logger', 'LearnerLogger', maxinflight=2,
+                                when_full='drop')
+    # VER's learner time: only where the learner takes the policy's device.
+    shares = run.actor_cutoff == 'preempt' and bool(
+        set(policy_devices) & set(train_devices))
+    life.learner = build_learner(
+        config, agent, state, store, ckpt, counters, links, life.logger,
+        train_devices, shared.learner_time if shares else None)
+    life.shipper = life.actor.shipper
+    life.counters = counters
+    life.faults = []  # A save's StorageFault: no later save is tried.
+    life.cause = None  # Why the agent cannot go on, once `serve` finds it.
+    life.start = time.monotonic()
+    life.should_save = every(run.save_every)
+    life.server.start()
+    life.learner_thread = LearnerThread(
+        lambda: compile_learner(life.learner), life._train,
+        may_leave=config.jax.processes == 1).start()
+    life.evaluation = life.eval_logger = None
+    if run.eval_every > 0:
+      # A link of its own that waits rather than drops: its rows are rare.
+      life.eval_logger = links.connect('logger', 'EvalLogger', maxinflight=2)
+      life.evaluation = PeriodicEvaluation.of(
+          config, lambda: jax.device_get(store.latest()),
+          lambda: store.version,
+          lambda metrics: life.eval_logger.add(loggable(metrics)),
+          host=eval_host).start()
+    life.clients = {'actor to replay': life.shipper.replay,
+                    'actor to logger': life.shipper.logger,
+                    'learner to replay': life.learner.replay,
+                    'learner to logger': life.logger}
+    return life
+
+  def done(self):
+    """Stopped, or `run.steps` served, or `run.duration` passed."""
+    run = self.config.run
+    return bool(self.stop) or self.shipper.served >= run.steps or (
+        run.duration > 0 and time.monotonic() - self.start >= run.duration)
+
+  def serve(self):
+    """Until done or a part failed: watches the parts and logs the actor's
+    stats every `run.log_every` seconds."""
+    server, shipper, actor = self.server, self.shipper, self.actor
+    should_log = every(self.config.run.log_every)
+    fps = elements.FPS()
+    last = shipper.served
+    first = shipper.served  # None once the first action is out
+    try:
+      while not self.done():
+        self.stop.wait(0.2)
+        self.cause = failure(self.learner_thread.errors, server, self.clients)
+        if self.cause:
+          self.stop.set()  # Ends the learner's loop too.
+          break
+        if first is not None and shipper.served > first:
+          first = None  # The start-up time a restart costs (bench/startup.py).
+          print(f'First action served {time.monotonic() - self.began:.1f} s '
+                f'after the agent started.', flush=True)
+        fps.step(shipper.served - last)
+        last = shipper.served
+        if should_log():
+          stats = actor_stats(server.stats(), max(actor.buckets))
+          stats['fps/policy'] = fps.result()
+          stats['actor/served'] = shipper.served
+          stats['actor/ship_errors'] = shipper.errors
+          stats['actor/carry_refused'] = sum(
+              lane.refused for lane in actor.lanes)
+          lags = actor.take_lags()
+          if lags:
+            stats['actor/policy_lag/mean'] = sum(lags) / len(lags)
+            stats['actor/policy_lag/max'] = max(lags)
+          self.logger.add(stats)
+    finally:
+      if self.evaluation is not None:
+        # No new evaluations (also when the loop raised: a worker left
+        # running would keep this process from exiting); it ends after
+        # the save.
+        self.evaluation.stop.set()
+
+  def finish(self):
+    """Stops the parts, saves unless the learner failed, closes the links;
+    returns the exit code (1: a part failed, USER_ERROR: the disk refused
+    a save). With the learner's compile left behind it ends the process
+    itself (`exit_leaving`)."""
+    shipper = self.shipper
+    self.server.close()
+    self.stop.set()  # A learner still compiling then never trains.
+    left_compiling = self.learner_thread.finish()
+    # What a compile left behind raises later is not this run's.
+    failed = [] if left_compiling else self.learner_thread.errors
+    cause = self.cause or failure(failed, self.server, self.clients)
+    if failed:
+      print(f'Agent failed: {cause}. Not saving the learner state; a restart '
+            f'resumes from the last checkpoint.', file=sys.stderr, flush=True)
+    else:
+      release_last_shipments(self.links, shipper)
+      self.counters['steps'] = shipper.stored  # What replay holds.
+      if self._save():
+        print(f'Agent saved at step {shipper.stored}.')
+      if cause:
+        print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
+    if self.evaluation is not None:
+      self.evaluation.close(timeout=30)
+      self.eval_logger.close(timeout=1)
+    for client in self.clients.values():
+      client.close(timeout=1)
+    code = 1 if cause else USER_ERROR if self.faults else 0
+    if left_compiling:
+      exit_leaving(code)
+    return code
+
+  def _train(self):
+    """The learner thread's loop after its compile: trains, saving every
+    `run.save_every` seconds, until done or a part failed."""
+    self.learner.run(self._stop_or_save,
+                     failing=lambda: self.cause is not None)
+    # The learners stopped (another process may have): so do we.
+    self.stop.set()
+
+  def _stop_or_save(self):
+    if self.should_save():
+      self.counters['steps'] = self.shipper.served
+      self._save()
+    return self.done()
+
+  def _save(self):
     """Saves the learner; after a full or read-only disk, says so once
     and stops the run in order (later saves are not tried)."""
-    if faults:
+    if self.faults:
       return False
     try:
-      learner.save()
+      self.learner.save()
       return True
     except Exception as error:
-      fault = storage_fault(error, config.logdir)
+      fault = storage_fault(error, self.config.logdir)
       if fault is None:
         raise
-      faults.append(fault)
-      stop_for_storage('agent', f'{fault}; the last checkpoint stands', stop)
+      self.faults.append(fault)
+      stop_for_storage('agent', f'{fault}; the last checkpoint stands',
+                       self.stop)
       return False
-
-  should_save = every(run.save_every)
-  def stop_or_save():
-    if should_save():
-      counters['steps'] = shipper.served
-      save()
-    return done()
-  def train():
-    learner.run(stop_or_save, failing=lambda: cause is not None)
-    stop.set()  # The learners stopped (another process may have): so do we.
-  # Compiled here, not before serving: the envs act and fill replay meanwhile.
-  learner_thread = LearnerThread(
-      lambda: compile_learner(learner), train,
-      may_leave=config.jax.processes == 1).start()
-  failed = learner_thread.errors  # what the learner thread raised
-  evaluation = None
-  if run.eval_every > 0:
-    # A link of its own that waits rather than drops: its rows are rare.
-    eval_logger = links.connect('logger', 'EvalLogger', maxinflight=2)
-    evaluation = PeriodicEvaluation.of(
-        config, lambda: jax.device_get(store.latest()), lambda: store.version,
-        lambda metrics: eval_logger.add(loggable(metrics)),
-        host=eval_host).start()
-  clients = {'actor to replay': shipper.replay,
-             'actor to logger': shipper.logger,
-             'learner to replay': learner.replay, 'learner to logger': logger}
-  should_log = every(run.log_every)
-  fps = elements.FPS()
-  last = shipper.served
-  first = shipper.served  # None once the first action is out
-  try:
-    while not done():
-      stop.wait(0.2)
-      cause = failure(failed, server, clients)
-      if cause:
-        stop.set()  # Ends the learner's loop too.
-        break
-      if first is not None and shipper.served > first:
-        first = None  # The start-up time a restart costs (bench/startup.py).
-        print(f'First action served {time.monotonic() - began:.1f} s after '
-              f'the agent started.', flush=True)
-      fps.step(shipper.served - last)
-      last = shipper.served
-      if should_log():
-        stats = actor_stats(server.stats(), max(actor.buckets))
-        stats['fps/policy'] = fps.result()
-        stats['actor/served'] = shipper.served
-        stats['actor/ship_errors'] = shipper.errors
-        stats['actor/carry_refused'] = sum(lane.refused for lane in actor.lanes)
-        lags = actor.take_lags()
-        if lags:
-          stats['actor/policy_lag/mean'] = sum(lags) / len(lags)
-          stats['actor/policy_lag/max'] = max(lags)
-        logger.add(stats)
-  finally:
-    if evaluation is not None:
-      # No new evaluations (also when the loop raised: a worker left
-      # running would keep this process from exiting); it ends after
-      # the save.
-      evaluation.stop.set()
-
-  server.close()
-  stop.set()  # A learner still compiling then never trains.
-  left_compiling = learner_thread.finish()
-  if left_compiling:  # What the compile raises later is not this run's.
-    failed = []
-  cause = cause or failure(failed, server, clients)
-  if failed:
-    print(f'Agent failed: {cause}. Not saving the learner state; a restart '
-          f'resumes from the last checkpoint.', file=sys.stderr, flush=True)
-  else:
-    release_last_shipments(links, shipper)
-    counters['steps'] = shipper.stored  # What replay holds.
-    if save():
-      print(f'Agent saved at step {shipper.stored}.')
-    if cause:
-      print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
-  if evaluation is not None:
-    evaluation.close(timeout=30)
-    eval_logger.close(timeout=1)
-  for client in clients.values():
-    client.close(timeout=1)
-  code = 1 if cause else USER_ERROR if faults else 0
-  if left_compiling:
-    exit_leaving(code)
-  return code
 
 
 def run_learner(config, stop=None):
