@@ -93,16 +93,9 @@ SHUTDOWN_BUDGET = 60  # The runtime's 15 s per stop group plus the saves.
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--minutes', type=float, default=10.0)
+  faultlib.soak_arguments(parser)
   parser.add_argument('--kill_every', type=float, nargs=2, default=(20, 40))
-  parser.add_argument('--envs', type=int, default=4)
   parser.add_argument('--length', type=int, default=50)
-  parser.add_argument('--step_time', type=float, default=0.01)
-  parser.add_argument('--logdir', default='')
-  parser.add_argument('--out', default='')
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--startup', type=float, default=600.0,
-                      help='seconds to wait for the first env step')
   parser.add_argument('--faults', nargs='+', default=None,
                       help=f'of {" ".join(FAULTS)} (all); with --hosts of '
                       'kill stop partition oneway vanish (all)')

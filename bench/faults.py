@@ -4,6 +4,7 @@ stored, and the storage faults.
 
   KINDS, kind_of(name)            the components a soak hits; a pid file's
                                   kind
+  soak_arguments(parser)          the flags every local soak takes
   pick, kill, stop                one running process of a kind: chosen,
                                   SIGKILLed, SIGSTOPped for a while
   unreported(hits, output, ...)   the long stops of a server no line names
@@ -234,6 +235,19 @@ class Run:
     if self.proc is not None and self.proc.poll() is None:
       self.kill()
     self.log.close()
+
+
+def soak_arguments(parser):
+  """The flags every soak of a local run takes (chaos.py, soak.py): how
+  long, how many envs at what step time, where, and the start-up budget."""
+  parser.add_argument('--minutes', type=float, default=10.0)
+  parser.add_argument('--envs', type=int, default=4)
+  parser.add_argument('--step_time', type=float, default=0.01)
+  parser.add_argument('--logdir', default='')
+  parser.add_argument('--out', default='')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--startup', type=float, default=600.0,
+                      help='seconds to wait for the first env step')
 
 
 def kind_of(name):

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import watch
-from faults import stored_rows
+from faults import soak_arguments, stored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SHUTDOWN_BUDGET = 30  # The runtime's 15 s per group plus the agent's save.
@@ -51,15 +51,8 @@ SHUTDOWN_BUDGET = 30  # The runtime's 15 s per group plus the agent's save.
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--minutes', type=float, default=10.0)
+  soak_arguments(parser)
   parser.add_argument('--kill_every', type=float, default=30.0)
-  parser.add_argument('--envs', type=int, default=4)
-  parser.add_argument('--step_time', type=float, default=0.01)
-  parser.add_argument('--logdir', default='')
-  parser.add_argument('--out', default='')
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--startup', type=float, default=600.0,
-                      help='seconds to wait for the first env step')
   args, extra = parser.parse_known_args()
   logdir = Path(args.logdir or tempfile.mkdtemp(prefix='soak_'))
   report = soak(args, logdir, extra)

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from dreamer_ver.core.atomic import write_atomically, write_json
+from dreamer_ver.core.keys import key_problems
 from dreamer_ver.config.validation import ConfigError
 
 
@@ -78,13 +79,7 @@ def _load(path, template):
     counters = json.loads(counters.tobytes())
   leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
   expected = {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
-  problems = []
-  missing = sorted(set(expected) - set(stored))
-  extra = sorted(set(stored) - set(expected))
-  if missing:
-    problems.append(f'missing {_few(missing)}')
-  if extra:
-    problems.append(f'unexpected {_few(extra)}')
+  problems = key_problems(expected, stored, limit=3)
   for name in sorted(set(expected) & set(stored)):
     want, got = expected[name], stored[name]
     if want.shape != got.shape or want.dtype != got.dtype:
@@ -98,11 +93,6 @@ def _load(path, template):
                 problems) > 5 else ''))
   values = [stored[jax.tree_util.keystr(p)] for p, _ in leaves]
   return jax.tree_util.tree_unflatten(treedef, values), counters
-
-
-def _few(names, limit=3):
-  text = ', '.join(names[:limit])
-  return text + (f' and {len(names) - limit} more' if len(names) > limit else '')
 
 
 def checkpoint_dir(path):

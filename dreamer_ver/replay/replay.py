@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamer_ver.core.keys import key_problems
 from dreamer_ver.core.transitions import RESERVED_KEYS, is_log
 
 from . import chunk as chunklib
@@ -416,13 +417,7 @@ def mismatches(spec, values, rows=False):
   the first axis) from the stored structure `spec` (`Replay.spec`): a list
   of problems, empty when it fits. The buffer's own keys are not expected."""
   expected = {k: v for k, v in spec.items() if k not in RESERVED_KEYS}
-  problems = []
-  missing = sorted(set(expected) - set(values))
-  unexpected = sorted(set(values) - set(expected))
-  if missing:
-    problems.append(f'missing keys {missing}')
-  if unexpected:
-    problems.append(f'unexpected keys {unexpected}')
+  problems = key_problems(expected, values)
   what = 'rows of shape' if rows else 'shape'
   for key in sorted(set(expected) & set(values)):
     shape, dtype = expected[key]

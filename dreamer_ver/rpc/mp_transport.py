@@ -20,20 +20,19 @@ on the server's host, the 'shm' transport copies less.
 
 import multiprocessing
 import queue
-import threading
 import time
 
 import numpy as np
 from portal.client_socket import Disconnected
 
-from .transport import Transport, drain
+from .transport import LocalTransport, drain
 from .wire import RemoteError
 
 _CLOSE = -1  # the reqnum of a client's goodbye
 _GONE = -2  # the reqnum of the server's goodbye to a waiting client
 
 
-class MPTransport(Transport):
+class MPTransport(LocalTransport):
 
   kind = 'mp'
 
@@ -47,20 +46,13 @@ class MPTransport(Transport):
     self._calls = self.ctx.Queue()
     self._replies = {}  # conn -> that client's reply queue
     self._heard = {}  # conn -> time.monotonic() of its latest call
-    self._count = 0
-    self._lock = threading.Lock()
-    self._closed = False
 
   def client(self):
     """A new caller, to hand to a process this process starts."""
-    with self._lock:
-      if self._closed:
-        raise Disconnected('the server is closed')
-      conn = ('mp', self._count)
-      self._count += 1
+    def setup(conn):
       self._replies[conn] = self.ctx.Queue()
       self._heard[conn] = time.monotonic()
-      self.conns.add(conn)
+    conn = self._connect(setup)
     return MPClient(self._calls, self._replies[conn], conn)
 
   def receive(self, timeout):
@@ -83,10 +75,6 @@ class MPTransport(Transport):
   def error_reply(self, conn, reqnum, status, message):
     del status
     return self._send(conn, (reqnum, False, message))
-
-  def shutdown(self):
-    with self._lock:
-      self._closed = True
 
   def close(self, timeout):
     del timeout

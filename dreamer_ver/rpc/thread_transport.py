@@ -9,40 +9,28 @@ portal's Disconnected when the client or the server closed first.
 
 import itertools
 import queue
-import threading
 from concurrent.futures import Future
 
 import numpy as np
 from portal.client_socket import Disconnected
 
-from .transport import Transport, drain
+from .transport import LocalTransport, drain
 from .wire import RemoteError
 
 
-class ThreadTransport(Transport):
+class ThreadTransport(LocalTransport):
 
   kind = 'thread'
 
   def __init__(self, method):
+    super().__init__()
     self.method = method
-    self.conns = set()
-    self.disconnects = 0
-    self.error = None
-    self.refused = 0
     self._calls = queue.SimpleQueue()
     self._futures = {}  # (conn, reqnum) -> the caller's Future
-    self._ids = itertools.count()
     self._reqnums = itertools.count()
-    self._lock = threading.Lock()
-    self._closed = False
 
   def client(self):
-    with self._lock:
-      if self._closed:
-        raise Disconnected('the server is closed')
-      conn = ('thread', next(self._ids))
-      self.conns.add(conn)
-    return ThreadClient(self, conn)
+    return ThreadClient(self, self._connect())
 
   def submit(self, conn, data):
     future = Future()
@@ -81,10 +69,6 @@ class ThreadTransport(Transport):
                  if k[0] == conn]
     for future in futures:
       future.set_exception(Disconnected('the client closed'))
-
-  def shutdown(self):
-    with self._lock:
-      self._closed = True
 
   def close(self, timeout):
     del timeout

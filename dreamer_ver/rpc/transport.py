@@ -37,7 +37,11 @@ A client is whatever the transport's callers use; the built-in ones are
 """
 
 import abc
+import itertools
 import queue
+import threading
+
+from portal.client_socket import Disconnected
 
 from .server_socket import check_args
 
@@ -85,6 +89,35 @@ class Transport(abc.ABC):
 
   def close(self, timeout):
     """Lets go of everything; a second call does nothing."""
+
+
+class LocalTransport(Transport):
+  """The base of the transports whose callers the server makes itself
+  (`client()`: threads of this process, or processes it starts): each
+  caller's connection is registered under the transport's lock, until
+  `shutdown`."""
+
+  def __init__(self):
+    super().__init__()
+    self._lock = threading.Lock()
+    self._closed = False
+    self._ids = itertools.count()
+
+  def _connect(self, setup=None):
+    """A new caller's connection id, (kind, n), in `conns` (with
+    `setup(conn)` run under the same lock); Disconnected once closed."""
+    with self._lock:
+      if self._closed:
+        raise Disconnected('the server is closed')
+      conn = (self.kind, next(self._ids))
+      if setup is not None:
+        setup(conn)
+      self.conns.add(conn)
+    return conn
+
+  def shutdown(self):
+    with self._lock:
+      self._closed = True
 
 
 def drain(calls, timeout, most=256):

@@ -13,6 +13,7 @@ import pytest
 from dreamer_ver.config import loading as configlib
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.agent import behavior, dists, nets, optim, rssm
+from helpers.agent import make_batch as helper_batch
 
 
 def small_config(**overrides):
@@ -34,24 +35,8 @@ def spaces(token_low=0, action_low=0):
 
 
 def make_batch(agent, B, T, seed=0):
-  """Random [B, T] batch in the spaces' own ranges, with stored latents."""
-  rng = np.random.default_rng(seed)
-  batch = {}
-  for k, s in {**agent.obs_space, **agent.act_space}.items():
-    if s.dtype == bool:
-      batch[k] = np.zeros((B, T, *s.shape), bool)
-    elif np.issubdtype(s.dtype, np.integer):
-      batch[k] = rng.integers(s.low, s.high, (B, T, *s.shape)).astype(s.dtype)
-    else:
-      batch[k] = rng.uniform(-1, 1, (B, T, *s.shape)).astype(s.dtype)
-  batch['is_first'][:, 0] = True
-  r = agent.config.agent.rssm
-  batch['stepid'] = np.zeros((B, T, 20), np.uint8)
-  batch['consec'] = np.zeros((B, T), np.int32)
-  batch['dyn/deter'] = rng.uniform(-1, 1, (B, T, r.deter)).astype(np.float32)
-  stoch = rng.integers(0, r.classes, (B, T, r.stoch))
-  batch['dyn/stoch'] = np.eye(r.classes, dtype=np.float32)[stoch]
-  return batch
+  """The comparisons start from random stored latents, as replay holds."""
+  return helper_batch(agent, B, T, seed, random_latents=True)
 
 
 def perturbed(params, scale=0.3, seed=1):
