@@ -84,8 +84,8 @@ replay process's cores (`cpu_replay`).
 
 Usage (from the repository root; see docs/benchmarks.md):
 
-  .venv/bin/python bench/actor_bench.py --out bench/results.json \
-      --plot bench/results.png
+  .venv/bin/python bench/actor_bench.py --out bench/results/actor_cutoffs_cpu.json \
+      --plot bench/results/actor_cutoffs_cpu.png
   .venv/bin/python bench/actor_bench.py --quick
 
 Every child process (env processes, the baseline's batcher process) is

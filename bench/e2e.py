@@ -5,7 +5,7 @@ alternating order (A B B A, so that drift in the machine's load hits both).
 
   python bench/e2e.py --upstream SRC --setup --site /tmp/upsite   # once
   python bench/e2e.py --upstream SRC --site /tmp/upsite --tasks dummy_disc \\
-      dmc_cartpole_balance --minutes 15 --rounds 2 --out bench/e2e_cpu.json
+      dmc_cartpole_balance --minutes 15 --rounds 2 --out bench/results/e2e_cpu.json
   python bench/e2e.py --smoke [--upstream SRC --site DIR]  # 1.5 min each
 
 SRC is a danijar/dreamerv3 checkout (fetched beforehand, never committed);

@@ -2,7 +2,7 @@
 and the fraction of this device's measured matmul peak.
 
   .venv/bin/python bench/learner_bench.py --sizes size1m size12m \
-      --dtypes float32 bfloat16 --out bench/learner_cpu.json
+      --dtypes float32 bfloat16 --out bench/results/learner_cpu.json
 
 The agent is the `dmc_proprio` preset on dm_control walker's spaces
 (24 observation dims, 6 continuous actions), batch 16 x 64 plus one

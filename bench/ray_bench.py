@@ -26,7 +26,7 @@ run under `--script ray` vs `--script parallel`.
 
 Usage (from the repository root):
 
-  .venv/bin/python bench/ray_bench.py --out bench/ray_bench.json
+  .venv/bin/python bench/ray_bench.py --out bench/results/ray_bench.json
 """
 
 import argparse
