@@ -229,6 +229,9 @@ def chaos(logdir, minutes, kill_every, envs=4, length=50, step_time=0.01,
       report['episodes_twice'] == 0 and report['episodes_with_holes'] == 0
       and not report['unreported_stops']
       and not report['storage_faults_mishandled']
+      # at most the line each full disk cut
+      and report['score_lines_cut'] <= report['faults_done'].get(
+          'disk fill', 0)
       and all(report['restarts'][k] >= killed[k] for k in killed))
   return report
 
@@ -263,7 +266,8 @@ def format_report(report):
               'unreported_stops', 'exit_code', 'shutdown_s',
               'left_running', 'stored_rows', 'lost_rows', 'duplicated_rows',
               'checked_carries', 'carries_mixed', 'episodes_logged',
-              'episodes_twice', 'episodes_with_holes', 'longest_idle_s'):
+              'score_lines_cut', 'episodes_twice', 'episodes_with_holes',
+              'longest_idle_s'):
     lines.append(f'  {key:20} {report.get(key)}')
   return '\n'.join(lines)
 

@@ -195,7 +195,8 @@ def chaos_hosts(logdir, minutes, kill_every, envs=4, length=50,
       all(code == 0 for code in codes.values()) and not leftover and
       report['lost_rows'] == 0 and report['duplicated_rows'] == 0 and
       report['carries_mixed'] == 0 and report['episodes_twice'] == 0 and
-      report['episodes_with_holes'] == 0 and not report['unreported_stops'])
+      report['episodes_with_holes'] == 0 and not report['unreported_stops']
+      and report['score_lines_cut'] == 0)
   return report
 
 
@@ -259,7 +260,7 @@ def format_report(report):
   for key in ('steps', 'faults_done', 'unreported_stops', 'exit_codes',
               'shutdown_s', 'left_running', 'stored_rows', 'lost_rows',
               'duplicated_rows', 'checked_carries', 'carries_mixed',
-              'episodes_logged', 'episodes_twice', 'episodes_with_holes',
-              'longest_idle_s'):
+              'episodes_logged', 'score_lines_cut', 'episodes_twice',
+              'episodes_with_holes', 'longest_idle_s'):
     lines.append(f'  {key:20} {report.get(key)}')
   return '\n'.join(lines)

@@ -280,14 +280,22 @@ def check_rows(logdir, length):
   pairs = carry_pairs(rows)
   mixed = carries_mixed(logdir, rows, pairs)
   times = np.sort(rows['time'])
-  scores = [json.loads(line) for line in
-            (Path(logdir) / 'scores.jsonl').read_text().splitlines()]
+  # A full disk may cut the line the logger was appending; the next one
+  # starts on a line of its own and readers skip the cut one (as plot's
+  # load_scores does): it is counted, not read.
+  scores, cut = [], 0
+  for line in (Path(logdir) / 'scores.jsonl').read_text().splitlines():
+    try:
+      scores.append(json.loads(line))
+    except json.JSONDecodeError:
+      cut += 1
   ids = collections.Counter(
       (s['env'], s['log/pid'], s['log/episode']) for s in scores)
   return {
       'stored_rows': int(len(tag)), 'lost_rows': lost,
       'duplicated_rows': duplicated, 'checked_carries': int(len(pairs)),
       'carries_mixed': mixed, 'episodes_logged': len(scores),
+      'score_lines_cut': cut,
       'episodes_twice': sum(n - 1 for n in ids.values()),
       'episodes_with_holes': sum(s['length'] != length for s in scores),
       'longest_idle_s': round(float(np.diff(times).max()) / 1e9, 1)

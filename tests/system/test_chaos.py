@@ -32,8 +32,8 @@ def _soak_and_check(logdir):
                        step_time=0.01,
                        faults=('kill', 'fill') if FILL else ('kill',))
   summary = chaos.format_report(report)
+  fills = report['faults_done'].get('disk fill', 0)
   if FILL:  # Each a stop in one line, exit code 2; the next life resumed.
-    fills = report['faults_done'].get('disk fill', 0)
     assert fills >= 1 and report['storage_faults_handled'] == fills, summary
     assert report['lives'] == fills + 1, summary
   # Every kind of component was killed (shuffled rounds of four) and came
@@ -46,6 +46,8 @@ def _soak_and_check(logdir):
   assert report['checked_carries'] > 500, summary
   assert report['carries_mixed'] == 0, summary
   assert report['episodes_logged'] > 10, summary
+  # Only a full disk cuts a line of scores.jsonl: at most one per fill.
+  assert report['score_lines_cut'] <= (fills if FILL else 0), summary
   assert report['episodes_twice'] == 0, summary
   assert report['episodes_with_holes'] == 0, summary
   assert report['ok'], summary
