@@ -8,7 +8,7 @@ changes are ignored by JAX).
 JAX's persistent compilation cache (`jax.compile_cache`, a folder in the
 logdir by default) keeps every compiled program on disk, so a restarted
 agent loads its policy buckets, train and report steps instead of
-compiling them again (measured in bench/startup.py). JAX keys each entry by
+compiling them again (measured in bench/system/startup.py). JAX keys each entry by
 the program, the devices and the compiler flags, so a stale entry is never
 used. JAX's own `JAX_COMPILATION_CACHE_DIR`, when set, names the folder
 instead: one cache shared by many runs (a sweep, a test session).

@@ -12,7 +12,7 @@ within the episode, which lets tests check that per-env state is routed
 correctly.
 
 Task `synthetic_tagged` also names every step, for fault soaks
-(bench/chaos.py) that check the stored rows afterwards: `tag` is (seed, pid
+(bench/soaks/chaos.py) that check the stored rows afterwards: `tag` is (seed, pid
 of the env process, serial number of the step in this process; float32,
 exact below 2**24), and
 `log/pid` and `log/episode` name the episode (env process, episode number

@@ -205,7 +205,7 @@ class AgentLife:
           self.stop.set()  # Ends the learner's loop too.
           break
         if first is not None and shipper.served > first:
-          first = None  # The start-up time a restart costs (bench/startup.py).
+          first = None  # The start-up time a restart costs (bench/system/startup.py).
           print(f'First action served {time.monotonic() - self.began:.1f} s '
                 f'after the agent started.', flush=True)
         fps.step(shipper.served - last)

@@ -14,7 +14,7 @@ gone), and tells the components where the others serve: the learners find
 JAX's coordinator where the agent's Host serves it. The data
 plane stays on our sockets: envs ask the actor for actions, transitions and
 samples travel between agent and replay exactly as in `--script parallel`
-(`bench/ray_bench.py` measures why). This driver assigns every fleet's
+(`bench/system/ray_bench.py` measures why). This driver assigns every fleet's
 env ids, so fleets never collide, and passes the run token to everyone.
 
 Every component resumes from the logdir after a restart, so the logdir must

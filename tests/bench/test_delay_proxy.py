@@ -1,15 +1,11 @@
-"""bench/delay_proxy.py: the latency between hosts in the latency table."""
+"""bench/hosts/delay_proxy.py: the latency between hosts in the latency table."""
 
 import socket
-import sys
 import threading
 import time
 
-from helpers import ROOT
+from bench.hosts.delay_proxy import DelayProxy
 from dreamer_ver.rpc.addresses import free_port
-
-sys.path.insert(0, str(ROOT / 'bench'))
-from delay_proxy import DelayProxy  # noqa: E402
 
 
 def _echo_server(once=False):

@@ -1,11 +1,7 @@
-"""bench/e2e.py's arithmetic: what a run's stamped metrics lines become."""
+"""bench/system/e2e.py's arithmetic: what a run's stamped metrics lines become."""
 
-import sys
 
-from helpers import ROOT
-
-sys.path.insert(0, str(ROOT / 'bench'))
-import e2e  # noqa: E402
+from bench.system import e2e
 
 
 def test_summarize_rates_first_times_and_usage():

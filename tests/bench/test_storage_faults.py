@@ -1,19 +1,15 @@
-"""The chaos soak's storage faults (bench/faults.py): a filled file
+"""The chaos soak's storage faults (bench/soaks/faults.py): a filled file
 system refuses the next write and takes it again once freed; a damaged
 checkpoint is skipped and an older save resumed."""
 
 import errno
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from bench.soaks import faults
+from dreamer_ver.agent.checkpoint import Checkpoint, newest_intact
 from helpers.storage import can_mount
-sys.path.insert(0, str(ROOT / 'bench'))
-
-import faults  # noqa: E402
-from dreamer_ver.agent.checkpoint import Checkpoint, newest_intact  # noqa: E402
 
 
 def _state(step):

@@ -1,4 +1,4 @@
-"""bench/upstream_shim: upstream's logged-only frames where MuJoCo cannot
+"""bench/upstream/upstream_shim: upstream's logged-only frames where MuJoCo cannot
 render, and nothing imported where they are not asked for."""
 
 import os
@@ -9,7 +9,7 @@ import pytest
 
 from helpers import ROOT
 
-SHIM = ROOT / 'bench' / 'upstream_shim'
+SHIM = ROOT / 'bench' / 'upstream' / 'upstream_shim'
 RENDER = """
 from dm_control import suite
 env = suite.load('cartpole', 'balance')

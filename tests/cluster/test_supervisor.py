@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.soaks.watch import wait as _wait_for
 from helpers import ROOT
 from helpers.processes import process_state, running
-sys.path.insert(0, str(ROOT / 'bench'))
-from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 
 
 def _wait_for_stop(config, ready):
@@ -534,7 +533,10 @@ def _leave_a_compile(config):
   from dreamer_ver.cluster.supervisor import exit_leaving
   jax.config.update('jax_enable_compilation_cache', False)  # a real compile
   def chain(x):
-    for i in range(300):  # about 5 s of XLA compile on a 2-core CPU
+    # About 2 s of XLA compile under the tests' XLA flags on a 2-core
+    # AMD EPYC (Zen 5), ten times the wait below: 300 links took 0.18 s
+    # there, and the compile ended before the child did.
+    for i in range(1500):
       x = jnp.sin(x @ x) + i
     return x
   compiling = threading.Event()

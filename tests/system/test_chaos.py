@@ -1,19 +1,14 @@
-"""A short chaos soak (bench/chaos.py): the parallel runtime while its env,
+"""A short chaos soak (bench/soaks/chaos.py): the parallel runtime while its env,
 replay, logger and agent processes keep getting SIGKILLed and, where the
 test may mount a tmpfs (root), its logdir's disk is filled once, checked by
 the rows and episodes it leaves on disk across the run's lives."""
 
 import contextlib
-import sys
 
 import numpy as np
 
-from helpers import ROOT
-sys.path.insert(0, str(ROOT / 'bench'))
-
-import chaos  # noqa: E402
-import faults  # noqa: E402
-from helpers.storage import can_mount  # noqa: E402
+from bench.soaks import chaos, faults
+from helpers.storage import can_mount
 
 FILL = can_mount()  # a tmpfs to fill (root: CI)
 

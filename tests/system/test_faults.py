@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.soaks.watch import wait as _wait_for
 from helpers import ROOT
 from helpers.processes import process_state
-sys.path.insert(0, str(ROOT / 'bench'))
-from watch import wait as _wait_for  # noqa: E402  (bench/watch.py)
 FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--env.synthetic.length', '20', '--env.synthetic.step_time', '0.005',
          '--run.log_every', '2', '--run.save_every', '3']

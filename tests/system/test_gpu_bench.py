@@ -1,4 +1,4 @@
-"""bench/gpu.py, the command a GPU window runs, end to end on the CPU
+"""bench/gpu/gpu.py, the command a GPU window runs, end to end on the CPU
 (`--smoke`): every stage runs its real benchmark, tiny, so the command
 keeps working as the code changes."""
 
@@ -9,18 +9,16 @@ import zipfile
 
 import pytest
 
+from bench.gpu import gpu_wheels
 from helpers import ROOT
-
-sys.path.insert(0, str(ROOT / 'bench'))
-import gpu_wheels  # noqa: E402
 
 
 def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
   out = tmp_path / 'out'
   proc = subprocess.run(
-      [sys.executable, str(ROOT / 'bench' / 'gpu.py'), '--smoke', '--out',
+      [sys.executable, '-m', 'bench.gpu.gpu', '--smoke', '--out',
        str(out), '--logdir', str(tmp_path / 'logdir')],
-      capture_output=True, text=True, timeout=600)
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert sorted(p.name for p in out.iterdir()) == [
       'gpu.json', 'gpu.log', 'gpu.md', 'scores.jsonl']
@@ -38,7 +36,7 @@ def test_every_stage_of_the_gpu_command_runs_and_reports(tmp_path):
                and r['gflop_per_update'] > 0 for r in rows.values())
     assert rows['base']['x_base'] == 1.0
   assert learner['upstream']['rows'][0]['profile']['ops']
-  # bench/e2e.py's smoke, our half: CI has no upstream source, and the
+  # bench/system/e2e.py's smoke, our half: CI has no upstream source, and the
   # results say so.
   e2e = records['e2e']['results']
   assert e2e['upstream_skipped'] == 'no upstream source given (--upstream SRC)'

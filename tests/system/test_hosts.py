@@ -1,7 +1,7 @@
 """A split launch across hosts, and the network between them failing.
 
 The hosts are network namespaces on this machine joined by a bridge
-(`bench/netns.py`): the servers (replay, logger), the agent, two env
+(`bench/hosts/netns.py`): the servers (replay, logger), the agent, two env
 hosts with two envs each, and a spare. Every fault but the last is healed
 after CUT = 20 s (the soak's are 30 s; a shorter cut is also over sooner
 for TCP, whose resends back off: the first after it comes about 5 s
@@ -19,7 +19,7 @@ longest silence a cut makes (about 25 s):
                             the agent's connections to it stay half open;
                             a fleet on a spare host gets the same env ids
 
-Then the stored rows are checked as the chaos soak does (bench/chaos.py):
+Then the stored rows are checked as the chaos soak does (bench/soaks/chaos.py):
 no acknowledged row lost or stored twice, no env acted with another's
 carry, no episode logged twice. Needs root and iproute2 (CI has both);
 skipped with the reason elsewhere.
@@ -29,17 +29,14 @@ import collections
 import os
 import re
 import signal
-import sys
 import time
 
 import pytest
 
-from helpers import ROOT
-sys.path.insert(0, str(ROOT / 'bench'))
-import watch  # noqa: E402  (bench/watch.py)
-from faults import check_rows  # noqa: E402  (bench/faults.py)
-from chaos_hosts import Run, run_flags  # noqa: E402
-from netns import Hosts, unavailable  # noqa: E402  (bench/netns.py)
+from bench.hosts.netns import Hosts, unavailable
+from bench.soaks import watch
+from bench.soaks.chaos_hosts import Run, run_flags
+from bench.soaks.faults import check_rows
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=str(WHY))

@@ -21,9 +21,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from dreamer_ver.scripts.ray_cluster import namespace  # noqa: E402
 from test_multihost import check_lockstep, wait_for_updates  # noqa: E402
 
+from bench.soaks.watch import logger_step, read_json, wait  # noqa: E402
 from helpers import ROOT  # noqa: E402
-sys.path.insert(0, str(ROOT / 'bench'))
-from watch import logger_step, read_json, wait  # noqa: E402  (bench/watch.py)
 
 # The agent fills a node of its own (2 CPUs), so removing another node
 # never takes it along; the other components fit on any two nodes.

@@ -1,0 +1,403 @@
+"""Learner speed: milliseconds per `Agent.train` update, FLOPs per update,
+and the fraction of this device's measured matmul peak.
+
+  .venv/bin/python -m bench.learner.learner_bench --sizes size1m size12m \
+      --dtypes float32 bfloat16 --out bench/results/learner_cpu.json
+
+The agent is the `dmc_proprio` preset on dm_control walker's spaces
+(24 observation dims, 6 continuous actions), batch 16 x 64 plus one
+context step, as upstream trains it. Rounds alternate between the
+configurations so a change in machine load hits them all alike.
+
+Scan body ops (`scan_body_ops`): the ops in the body of each while loop
+of the compiled update whose trip count is the observe scan's (batch
+length) or the imagination's (imag_length), forward and backward in the
+order they appear: what a GPU launches per step (a fusion is one op).
+
+FLOPs: matrix-product FLOPs (2 per multiply-add of every `dot_general`
+and convolution) counted on the update's jaxpr, each scan body times its
+length. XLA's `cost_analysis()` counts a scan body once, so its number
+(reported as `xla_flops_scan_once`) undercounts the update by the
+sequence and imagination lengths. The peak is n x n `jnp.dot`s of random
+operands in the same dtype, back to back, timed in the same run: n = 2048
+on a CPU, 8192 on an accelerator (whose 2048 x 2048 products reach only
+about a third of what larger ones do).
+
+Matmul floor: every matrix product of the update timed alone (at its own
+shapes, dtypes and dimension numbers, on random operands, see
+`product_seconds`), times how often the update runs it: an estimate (not
+a strict bound; docs/benchmarks.md says why) of what an update would take if
+all its other work were free. `x_floor` is ms per update / floor, and
+`fraction_of_peak_at_floor` the fraction of the peak that
+this model's products reach at their shapes.
+
+Variants (`--variants`), the same updates made faster, each timed in the
+same rounds and reported against `base` (`x_base`): `unrollN` unrolls the
+RSSM's observe and imagine scans N steps (`agent.scan_unroll`), `fuseK`
+makes K updates in one compiled call (`Agent.train_many`, the learner's
+`run.train_fuse`), `unrollN-fuseK` both. Their numbers equal base's
+(tests/agent/test_train_variants.py); FLOPs and the floor are base's.
+
+`--upstream SRC` times upstream DreamerV3's `train` at the same
+configuration in the same rounds, on this interpreter and its JAX
+(`upstream_learner.py` in a child process; SRC: a danijar/dreamerv3
+checkout; `--upstream_site`: the folder `bench/upstream/upstream.py` installed
+upstream's extra packages into) and reports ours / upstream in updates
+per second (`speedup_vs_upstream`, each variant's own).
+
+Our process runs on the host allocator the runtime gives a CPU process
+(`jax.malloc`: mimalloc; `--malloc` to compare, the bench starts again
+with it); upstream runs as shipped (glibc) unless `--upstream_malloc`
+gives it another.
+
+`--profile` traces a few base updates per configuration and adds the
+ops that took the most time (`profile`: device ops where the trace has a
+device, else the host's XLA ops), summed over the traced updates.
+"""
+
+import argparse
+import concurrent.futures
+import glob
+import gzip
+import json
+import math
+import os
+import platform
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import elements
+import jax
+import numpy as np
+
+from bench.upstream import upstream as upstreamlib
+from bench.learner.learner_counts import (
+    matmul_floor, matmul_ops, matmul_peak, scan_body_ops, total_flops)
+from dreamer_ver.config import loading as configlib
+from dreamer_ver.config.validation import CHOICES
+from dreamer_ver.agent.agent import Agent
+from dreamer_ver.cluster import devices
+
+MALLOCS = CHOICES['jax.malloc']
+OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
+ACT = (6,)
+
+
+def spaces():
+  obs = {k: elements.Space(np.float32, s) for k, s in OBS.items()}
+  obs.update({'reward': elements.Space(np.float32, ()),
+              'is_first': elements.Space(bool, ()),
+              'is_last': elements.Space(bool, ()),
+              'is_terminal': elements.Space(bool, ())})
+  act = {'action': elements.Space(np.float32, ACT, -1, 1),
+         'reset': elements.Space(bool, ())}
+  return obs, act
+
+
+def random_batch(agent, B, T, seed):
+  rng = np.random.default_rng(seed)
+  r = agent.config.agent.rssm
+  batch = {k: rng.uniform(-1, 1, (B, T, *s.shape)).astype(np.float32)
+           for k, s in {**agent.obs_space, **agent.act_space}.items()
+           if s.dtype == np.float32}
+  for key in ('is_first', 'is_last', 'is_terminal'):
+    batch[key] = np.zeros((B, T), bool)
+  batch['is_first'][:, 0] = True
+  batch['dyn/deter'] = np.zeros((B, T, r.deter), np.float32)
+  batch['dyn/stoch'] = np.zeros((B, T, r.stoch, r.classes), np.float32)
+  batch['stepid'] = np.zeros((B, T, 20), np.uint8)
+  batch['consec'] = np.zeros((B, T), np.int32)
+  return batch
+
+
+def variant(name):
+  """'base', 'unroll4', 'fuse4', 'unroll4-fuse4' -> (unroll, fuse)."""
+  knobs = {'unroll': 1, 'fuse': 1}
+  for part in [] if name == 'base' else name.split('-'):
+    match = re.fullmatch(r'(unroll|fuse)([0-9]+)', part)
+    if not match:
+      raise ValueError(f'unknown variant {name!r} (base, unrollN, fuseK, '
+                       'unrollN-fuseK)')
+    knobs[match[1]] = int(match[2])
+  return knobs['unroll'], knobs['fuse']
+
+
+def make(size, dtype, batch, length, name='base'):
+  unroll, fuse = variant(name)
+  config = configlib.compose(['dmc_proprio', size], {
+      'jax.compute_dtype': dtype, 'batch_size': batch,
+      'batch_length': length, 'agent.scan_unroll': unroll})
+  agent = Agent(*spaces(), config)
+  T = length + config.replay_context
+  state = agent.init_state(agent.init_params(0), 0)
+  carry = agent.init_carry(batch)
+  batches = [random_batch(agent, batch, T, s) for s in range(2)]
+  train = agent.train
+  if fuse > 1:  # each call: `fuse` updates on the two batches in turn
+    batches = [jax.tree.map(lambda *xs: np.stack(xs),
+                            *[batches[i % 2] for i in range(fuse)])]
+    train = agent.train_many
+  batches = [jax.device_put(b) for b in batches]
+  compiled = train.lower(state, carry, batches[0]).compile()
+  run = {'agent': agent, 'train': compiled, 'fuse': fuse, 'batches': batches,
+         'params': Agent.param_count(state['params'])}
+  if name == 'base':
+    jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
+    run['ops'] = matmul_ops(jaxpr.jaxpr)
+    run['flops'] = total_flops(run['ops'])
+    loops = scan_body_ops(compiled.as_text())
+    trips = {'observe': length, 'imagine': config.agent.imag_length}
+    run['scan_ops'] = {name: [ops for trip, ops in loops if trip == n]
+                       for name, n in trips.items()}
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    run['xla_flops_scan_once'] = float(cost.get('flops', 0))
+  state, carry, _, mets = compiled(state, carry, batches[0])  # warm up
+  jax.block_until_ready(mets)
+  run['state'], run['carry'] = state, carry
+  return run
+
+
+def time_updates(run, steps):
+  """Seconds per update over at least `steps` updates (whole calls of the
+  variant's fused updates; the state threads through). Also appends this
+  process's page faults per update to `run['faults']`."""
+  state, carry = run['state'], run['carry']
+  calls = -(-steps // run['fuse'])
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  start = time.perf_counter()
+  for i in range(calls):
+    state, carry, _, mets = run['train'](
+        state, carry, run['batches'][i % len(run['batches'])])
+  jax.block_until_ready(mets)
+  seconds = time.perf_counter() - start
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+  run['state'], run['carry'] = state, carry
+  run.setdefault('faults', []).append(round(faults / (calls * run['fuse'])))
+  return seconds / (calls * run['fuse'])
+
+
+def profile(run, steps, top=12):
+  """The `top` XLA ops by time over `steps` base updates, from a
+  `jax.profiler` trace: device ops (GPU kernels) where the trace has a
+  device, else the host's; {'ops': [[name, ms per update, calls per
+  update]], 'where', 'traced_ms_per_update'}."""
+  folder = tempfile.mkdtemp(prefix='learner_profile_')
+  with jax.profiler.trace(folder, create_perfetto_trace=True):
+    time_updates(run, steps)
+  trace = json.load(gzip.open(glob.glob(
+      f'{folder}/**/perfetto_trace.json.gz', recursive=True)[0]))
+  names = {e['pid']: e['args']['name'] for e in trace['traceEvents']
+           if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  device = {p for p, n in names.items() if '/device:' in n}
+  host = {p for p, n in names.items() if '/host:' in n}
+  where = 'device' if device else 'host'
+  pids = device or host
+  totals, traced = {}, 0.0
+  for e in trace['traceEvents']:
+    if e.get('ph') != 'X' or e.get('pid') not in pids:
+      continue
+    if where == 'host' and 'hlo_op' not in e.get('args', {}):
+      continue  # the host's other events (Python, runtime) are not ops
+    name = e['args'].get('hlo_op', e['name']) if 'args' in e else e['name']
+    if name.split('.')[0] in ('while', 'conditional', 'call'):
+      continue  # on the host these span their bodies' ops, counted apart
+    total = totals.setdefault(name, [0.0, 0])
+    total[0] += e['dur'] / 1e3
+    total[1] += 1
+    traced += e['dur'] / 1e3
+  ops = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+  return {'where': where, 'traced_ms_per_update': round(traced / steps, 2),
+          'ops': [[n, round(ms / steps, 3), round(c / steps, 1)]
+                  for n, (ms, c) in ops]}
+
+
+class Upstream:
+  """upstream_learner.py on this interpreter, compiled and waiting for
+  rounds."""
+
+  def __init__(self, src, site, size, dtype, batch, length, steps,
+               malloc='glibc'):
+    script = Path(upstreamlib.__file__).with_name('upstream_learner.py')
+    backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
+    env = {k: v for k, v in upstreamlib.environ(src, site).items()
+           if k not in devices.MALLOC_VARS}  # not ours: its own
+    self.proc = subprocess.Popen(
+        [sys.executable, str(script), src, size, dtype, str(batch),
+         str(length), str(steps), backend],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.DEVNULL if backend == 'cpu' else None,
+        env={**env, **devices.malloc_env(malloc), 'JAX_PLATFORMS': backend})
+
+  def ready(self):
+    """Waits for the compile; RuntimeError if upstream failed."""
+    self._read()  # {'ready': true}
+
+  def time_round(self):
+    self.proc.stdin.write('go\n')
+    self.proc.stdin.flush()
+    return self._read()['seconds']
+
+  def _read(self):
+    for line in self.proc.stdout:  # upstream prints its own lines too
+      if line.startswith('{'):
+        return json.loads(line)
+    raise RuntimeError(f'upstream_learner.py exited with {self.proc.wait()}')
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--sizes', nargs='+', default=['size1m', 'size12m'])
+  parser.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'])
+  parser.add_argument('--variants', nargs='+', default=['base'],
+                      help='base, unrollN, fuseK, unrollN-fuseK')
+  parser.add_argument('--batch', type=int, default=16)
+  parser.add_argument('--length', type=int, default=64)
+  parser.add_argument('--steps', type=int, default=5)
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--jobs', type=int, default=max(1, os.cpu_count() // 4),
+                      help='configurations compiled at once')
+  parser.add_argument('--upstream', metavar='SRC',
+                      help='a danijar/dreamerv3 checkout to time beside ours')
+  parser.add_argument('--upstream_site', metavar='DIR',
+                      help="upstream's extra packages (bench/upstream/upstream.py); "
+                      'none: they are importable already')
+  parser.add_argument('--floor', action=argparse.BooleanOptionalAction,
+                      default=True, help='time the matmul floor (one '
+                      'compile per product: minutes on a GPU)')
+  parser.add_argument('--malloc', default='mimalloc', choices=MALLOCS,
+                      help="our host allocator, as the runtime's jax.malloc")
+  parser.add_argument('--upstream_malloc', default='glibc', choices=MALLOCS,
+                      help="upstream's (glibc: as shipped)")
+  parser.add_argument('--profile', action='store_true',
+                      help='the top ops of a traced base update')
+  parser.add_argument('--out', default='',
+                      help='JSON results, rewritten after every round')
+  args = parser.parse_args()
+  restart = devices.malloc_restart_env(args.malloc, '', os.environ)
+  if restart:  # as the runtime's command line does
+    os.execve(sys.executable, sys.orig_argv, restart)
+  # As the runtime (jax.prealloc False), and so that upstream's processes
+  # find room beside ours on a GPU.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  variants = ['base'] + [v for v in args.variants if v != 'base']
+  for name in variants:
+    variant(name)  # an unknown one fails before anything compiles
+  keys = [(size, dtype, name) for size in args.sizes for dtype in args.dtypes
+          for name in variants]
+  upstream = {}
+  for size in args.sizes if args.upstream else ():  # compiles meanwhile
+    for dtype in args.dtypes:
+      upstream[size, dtype] = Upstream(
+          args.upstream, args.upstream_site, size, dtype, args.batch,
+          args.length, args.steps, args.upstream_malloc)
+  began = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    futures = {key: pool.submit(make, *key[:2], args.batch, args.length,
+                                key[2]) for key in keys}
+    for future in concurrent.futures.as_completed(futures.values()):
+      future.result()  # so that a window cut short shows how far it got
+      key = next(k for k, f in futures.items() if f is future)
+      print(f'compiled {"/".join(key)} at '
+            f'{time.perf_counter() - began:.0f} s', flush=True)
+    runs = {key: futures[key].result() for key in keys}
+  for key, proc in list(upstream.items()):
+    try:
+      proc.ready()
+      print(f'upstream {"/".join(key)} compiled at '
+            f'{time.perf_counter() - began:.0f} s', flush=True)
+    except RuntimeError as e:  # ours is still measured
+      print(f'upstream {key}: {e}', flush=True)
+      del upstream[key]
+  for key, run in runs.items():  # warm-up: first-touch pages, caches
+    time_updates(run, args.steps)
+    run['faults'].clear()
+    if key[2] == 'base' and key[:2] in upstream:
+      upstream[key[:2]].time_round()
+  peak_n = 2048 if jax.default_backend() == 'cpu' else 8192
+  measured = {
+      'peaks': {d: matmul_peak(d, peak_n) for d in args.dtypes},
+      'floors': {key: matmul_floor(run['ops']) if args.floor else math.nan
+                 for key, run in runs.items() if 'ops' in run},
+      'times': {key: [] for key in runs},
+      'theirs': {key: [] for key in upstream}, 'profiles': {}}
+  for _ in range(args.rounds):
+    for key, run in runs.items():
+      measured['times'][key].append(time_updates(run, args.steps))
+      if key[2] == 'base' and key[:2] in upstream:
+        measured['theirs'][key[:2]].append(upstream[key[:2]].time_round())
+    write(args, runs, measured, peak_n)
+  for proc in upstream.values():
+    proc.close()
+  for key, run in runs.items():
+    if args.profile and key[2] == 'base':
+      measured['profiles'][key] = profile(run, args.steps)
+  for row in write(args, runs, measured, peak_n)['rows']:
+    print(json.dumps(row), flush=True)
+
+
+def write(args, runs, measured, peak_n):
+  """The results so far, as a dict; into `args.out` too."""
+  peaks, floors = measured['peaks'], measured['floors']
+  times, theirs = measured['times'], measured['theirs']
+  rows = []
+  for (size, dtype, name), run in runs.items():
+    base = runs[size, dtype, 'base']
+    seconds = float(np.median(times[size, dtype, name]))
+    floor = floors[size, dtype, 'base']
+    rows.append({
+        'size': size, 'dtype': dtype, 'variant': name,
+        'params': run['params'],
+        'ms_per_update': [round(t * 1e3, 1) for t in times[size, dtype, name]],
+        'updates_per_s': round(1 / seconds, 3),
+        'page_faults_per_update': run['faults'][:len(
+            times[size, dtype, name])],
+        'x_base': round(float(np.median(times[size, dtype, 'base'])) /
+                        seconds, 3),
+        'gflop_per_update': float(f"{base['flops'] / 1e9:.3g}"),
+        'xla_gflop_scan_once': float(f"{base['xla_flops_scan_once'] / 1e9:.3g}"),
+        'scan_body_ops': base['scan_ops'],
+        'gflop_per_s': round(base['flops'] / seconds / 1e9, 1),
+        'fraction_of_matmul_peak': round(
+            base['flops'] / seconds / peaks[dtype], 3),
+        'matmul_floor_ms': round(floor * 1e3, 1),
+        'x_floor': round(seconds / floor, 2),
+        'fraction_of_peak_at_floor': round(
+            base['flops'] / floor / peaks[dtype], 3),
+    })
+    if theirs.get((size, dtype)):
+      upstream_seconds = float(np.median(theirs[size, dtype]))
+      rows[-1]['upstream_ms_per_update'] = [
+          round(t * 1e3, 1) for t in theirs[size, dtype]]
+      rows[-1]['speedup_vs_upstream'] = round(upstream_seconds / seconds, 2)
+    if (size, dtype, name) in measured['profiles']:
+      rows[-1]['profile'] = measured['profiles'][size, dtype, name]
+  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
+                          capture_output=True, text=True).stdout.strip()
+  result = {
+      'commit': commit, 'device': str(jax.devices()[0].device_kind),
+      'machine': platform.processor() or platform.machine(),
+      'jax': jax.__version__, 'batch': [args.batch, args.length],
+      'steps': args.steps, 'rounds': len(next(iter(times.values()))),
+      'matmul_peak_n': peak_n,
+      'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1)
+                                  for d, p in peaks.items()},
+      'rows': rows}
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+  return result
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,45 @@
+"""What every result file in bench/results/ carries: the commit it measured
+and the machine it ran on, so that no figure is read without them."""
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stamp():
+  """{commit, date, machine}: the short commit (`+changes` when the tree
+  differs from it), today's date, and the CPU model, cores, Python and,
+  where the process runs JAX, its version and device."""
+  def git(*args):
+    return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+  commit = git('rev-parse', '--short', 'HEAD')
+  if commit and git('status', '--porcelain', '--untracked-files=no'):
+    commit += '+changes'
+  cpu = platform.processor() or platform.machine()
+  if Path('/proc/cpuinfo').exists():
+    cpu = next((line.split(':', 1)[1].strip() for line in open(
+        '/proc/cpuinfo') if line.startswith('model name')), cpu)
+  machine = {'cpu': cpu, 'cores': os.cpu_count(),
+             'python': platform.python_version()}
+  if 'jax' in sys.modules:  # never imported here: a bench without JAX
+    jax = sys.modules['jax']
+    machine.update(jax=jax.__version__,
+                   device=jax.devices()[0].device_kind)
+  return {'commit': commit, 'date': datetime.date.today().isoformat(),
+          'machine': machine}
+
+
+def write(path, result, indent=1):
+  """Writes a bench's result as JSON, stamped: a dict gains the stamp's
+  keys, a list of records becomes {stamp..., records}."""
+  if isinstance(result, list):
+    result = {'records': result}
+  Path(path).write_text(json.dumps({**stamp(), **result}, indent=indent)
+                        + '\n')

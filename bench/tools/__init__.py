@@ -1,0 +1,1 @@
+"""Development tools: how the run config travels through the code."""
