@@ -301,26 +301,37 @@ def report(args, records, skipped, render_ms=None):
 
 
 def figure(result, path):
-  """Score against wall-clock seconds, both systems, every round."""
+  """Score against wall-clock seconds, both systems, every round that
+  ended an episode; returns the systems left out for having none."""
   folder = Path(tempfile.mkdtemp())
   runs = {system: [] for system in SYSTEMS}
+  ran = set()
   for task, entry in result['tasks'].items():
     for system in SYSTEMS:
       for i, r in enumerate(entry.get(system, {}).get('rounds', [])):
+        ran.add(system)
+        if not r['scores']:
+          continue
         file = folder / f'{task}_{system}_{i}.jsonl'
         file.write_text(''.join(json.dumps({'step': t, 'score': v}) + '\n'
                                 for t, _, v in r['scores']))
         runs[system].append(str(file))
-  if not runs['ours']:
-    return
-  command = [sys.executable, '-m', 'dreamer_ver.logger.plot', *runs['ours'],
-             '--label', 'dreamer_ver', '--xlabel', 'wall-clock seconds',
-             '--bins', '10', '--out', str(path), '--title',
-             f"score against wall-clock ({result['commit']}, "
-             f"{result['machine']['cores']} cores)"]
-  if runs['upstream']:
-    command += ['--runs', 'upstream DreamerV3', *runs['upstream']]
-  subprocess.run(command, check=True, cwd=ROOT)
+  left_out = [system for system in SYSTEMS if system in ran
+              and not runs[system]]
+  for system in left_out:
+    print(f'{system}: no episode ended; the figure leaves it out',
+          flush=True)
+  if runs['ours']:
+    command = [
+        sys.executable, '-m', 'dreamer_ver.logger.plot', *runs['ours'],
+        '--label', 'dreamer_ver', '--xlabel', 'wall-clock seconds',
+        '--bins', '10', '--out', str(path), '--title',
+        f"score against wall-clock ({result['commit']}, "
+        f"{result['machine']['cores']} cores)"]
+    if runs['upstream']:
+      command += ['--runs', 'upstream DreamerV3', *runs['upstream']]
+    subprocess.run(command, check=True, cwd=ROOT)
+  return left_out
 
 
 def run_all(args, systems, root):

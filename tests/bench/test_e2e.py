@@ -34,3 +34,17 @@ def test_blank_frames_only_where_mujoco_cannot_render_a_dmc_task():
   assert not e2e.blank_render('dmc_walker_walk', {'MUJOCO_GL': 'egl'})
   assert not e2e.blank_render('dmc_walker_walk', {})
   assert not e2e.blank_render('dummy_disc', {'MUJOCO_GL': 'disable'})
+
+
+def test_a_system_that_ended_no_episode_is_left_out_of_the_figure(tmp_path):
+  """Upstream at train ratio 1024 ended no episode in 10 minutes: the
+  figure shows ours and says so, where the plot used to fail the bench
+  after its results were written."""
+  def rounds(*scores):
+    return {'rounds': [{'scores': list(s)} for s in scores]}
+  result = {'commit': 'abc', 'machine': {'cores': 2}, 'tasks': {'t': {
+      'ours': rounds([[10.0, 100, 5.0], [20.0, 200, 7.0]],
+                     [[12.0, 110, 6.0], [22.0, 220, 8.0]]),
+      'upstream': rounds([], [])}}}
+  assert e2e.figure(result, tmp_path / 'f.png') == ['upstream']
+  assert (tmp_path / 'f.png').stat().st_size > 0
