@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def stamp():
   """{commit, date, machine}: the short commit (`+changes` when the tree
-  differs from it), today's date, and the CPU model, cores, Python and,
+  differs from it), today's date, and the CPU model (with its family and
+  model numbers where the kernel gives them), cores, Python and,
   where the process runs JAX, its version and device."""
   def git(*args):
     return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
@@ -23,9 +24,15 @@ def stamp():
   if commit and git('status', '--porcelain', '--untracked-files=no'):
     commit += '+changes'
   cpu = platform.processor() or platform.machine()
-  if Path('/proc/cpuinfo').exists():
-    cpu = next((line.split(':', 1)[1].strip() for line in open(
-        '/proc/cpuinfo') if line.startswith('model name')), cpu)
+  if Path('/proc/cpuinfo').exists():  # the model, and its generation: a
+    # virtual machine's model name may be as bare as 'AMD EPYC'
+    info = {}
+    for line in open('/proc/cpuinfo'):
+      key, _, value = line.partition(':')
+      info.setdefault(key.strip(), value.strip())
+    cpu = info.get('model name', cpu)
+    if 'cpu family' in info:
+      cpu += f", family {info['cpu family']} model {info.get('model', '?')}"
   machine = {'cpu': cpu, 'cores': os.cpu_count(),
              'python': platform.python_version()}
   if 'jax' in sys.modules:  # never imported here: a bench without JAX

@@ -115,7 +115,8 @@ def learner_section(runs):
                      for name, ms, calls in p['ops']]
   first = next(iter(runs.values()), {})
   peaks = first.get('matmul_peak_gflop_per_s', {})
-  head = [f"device {first.get('device')}, jax {first.get('jax')}; matmul "
+  machine = first.get('machine', {})
+  head = [f"device {machine.get('device')}, jax {machine.get('jax')}; matmul "
           f"peak ({first.get('matmul_peak_n')}^2 dots) "
           + ', '.join(f'{d} {p / 1e3:.1f} TFLOP/s' for d, p in peaks.items()),
           '']

@@ -6,7 +6,10 @@ and the fraction of this device's measured matmul peak.
 
 The agent is the `dmc_proprio` preset on dm_control walker's spaces
 (24 observation dims, 6 continuous actions), batch 16 x 64 plus one
-context step, as upstream trains it. Rounds alternate between the
+context step, as upstream trains it; `--task` takes a task's own spaces
+instead (its env is made once, as the runtime does), so that the learner
+alone is timed at a whole run's configuration (bench/system/e2e.py
+`--learner_alone`). Rounds alternate between the
 configurations so a change in machine load hits them all alike.
 
 Scan body ops (`scan_body_ops`): the ops in the body of each while loop
@@ -62,7 +65,6 @@ import gzip
 import json
 import math
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -75,6 +77,7 @@ import elements
 import jax
 import numpy as np
 
+from bench import stamp
 from bench.upstream import upstream as upstreamlib
 from bench.learner.learner_counts import (
     matmul_floor, matmul_ops, matmul_peak, scan_body_ops, total_flops)
@@ -82,13 +85,23 @@ from dreamer_ver.config import loading as configlib
 from dreamer_ver.config.validation import CHOICES
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.cluster import devices
+from dreamer_ver.envs import make_env
 
 MALLOCS = CHOICES['jax.malloc']
 OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
 ACT = (6,)
 
 
-def spaces():
+def spaces(task=''):
+  """(obs_space, act_space): the task's env's, or walker's without one
+  (no dm_control needed)."""
+  if task:
+    env = make_env(task, configlib.compose(['dmc_proprio'], {
+        'task': task}).env)
+    try:
+      return env.obs_space, env.act_space
+    finally:
+      env.close()
   obs = {k: elements.Space(np.float32, s) for k, s in OBS.items()}
   obs.update({'reward': elements.Space(np.float32, ()),
               'is_first': elements.Space(bool, ()),
@@ -102,9 +115,18 @@ def spaces():
 def random_batch(agent, B, T, seed):
   rng = np.random.default_rng(seed)
   r = agent.config.agent.rssm
-  batch = {k: rng.uniform(-1, 1, (B, T, *s.shape)).astype(np.float32)
-           for k, s in {**agent.obs_space, **agent.act_space}.items()
-           if s.dtype == np.float32}
+  batch = {}
+  for key, space in {**agent.obs_space, **agent.act_space}.items():
+    shape = (B, T, *space.shape)
+    if key.startswith('log/') or space.dtype == bool:
+      continue
+    if np.issubdtype(space.dtype, np.floating):  # within [-1, 1] and its own
+      low = np.maximum(space.low, -1).astype(np.float64)
+      high = np.minimum(space.high, 1).astype(np.float64)
+      batch[key] = rng.uniform(low, high, shape).astype(space.dtype)
+    else:  # discrete actions, images: anywhere in their range
+      batch[key] = rng.integers(space.low, space.high, shape,
+                                endpoint=False).astype(space.dtype)
   for key in ('is_first', 'is_last', 'is_terminal'):
     batch[key] = np.zeros((B, T), bool)
   batch['is_first'][:, 0] = True
@@ -127,12 +149,12 @@ def variant(name):
   return knobs['unroll'], knobs['fuse']
 
 
-def make(size, dtype, batch, length, name='base'):
+def make(size, dtype, batch, length, name='base', task=''):
   unroll, fuse = variant(name)
   config = configlib.compose(['dmc_proprio', size], {
       'jax.compute_dtype': dtype, 'batch_size': batch,
       'batch_length': length, 'agent.scan_unroll': unroll})
-  agent = Agent(*spaces(), config)
+  agent = Agent(*spaces(task), config)
   T = length + config.replay_context
   state = agent.init_state(agent.init_params(0), 0)
   carry = agent.init_carry(batch)
@@ -263,6 +285,8 @@ def main():
                       help='base, unrollN, fuseK, unrollN-fuseK')
   parser.add_argument('--batch', type=int, default=16)
   parser.add_argument('--length', type=int, default=64)
+  parser.add_argument('--task', default='',
+                      help="a task's spaces (default: dmc walker's)")
   parser.add_argument('--steps', type=int, default=5)
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--jobs', type=int, default=max(1, os.cpu_count() // 4),
@@ -284,6 +308,8 @@ def main():
   parser.add_argument('--out', default='',
                       help='JSON results, rewritten after every round')
   args = parser.parse_args()
+  if args.task and args.upstream:
+    parser.error("--upstream times upstream on walker's spaces: no --task")
   restart = devices.malloc_restart_env(args.malloc, '', os.environ)
   if restart:  # as the runtime's command line does
     os.execve(sys.executable, sys.orig_argv, restart)
@@ -304,7 +330,7 @@ def main():
   began = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     futures = {key: pool.submit(make, *key[:2], args.batch, args.length,
-                                key[2]) for key in keys}
+                                key[2], args.task) for key in keys}
     for future in concurrent.futures.as_completed(futures.values()):
       future.result()  # so that a window cut short shows how far it got
       key = next(k for k, f in futures.items() if f is future)
@@ -382,12 +408,9 @@ def write(args, runs, measured, peak_n):
       rows[-1]['speedup_vs_upstream'] = round(upstream_seconds / seconds, 2)
     if (size, dtype, name) in measured['profiles']:
       rows[-1]['profile'] = measured['profiles'][size, dtype, name]
-  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
-                          capture_output=True, text=True).stdout.strip()
   result = {
-      'commit': commit, 'device': str(jax.devices()[0].device_kind),
-      'machine': platform.processor() or platform.machine(),
-      'jax': jax.__version__, 'batch': [args.batch, args.length],
+      **stamp.stamp(), 'task': args.task or 'walker spaces',
+      'batch': [args.batch, args.length],
       'steps': args.steps, 'rounds': len(next(iter(times.values()))),
       'matmul_peak_n': peak_n,
       'matmul_peak_gflop_per_s': {d: round(p / 1e9, 1)

@@ -24,8 +24,13 @@ processes every second. From those, per system and round: env steps/s
 and updates/s over the run (updates: each log window's `fps/train`, the
 replayed steps/s both systems report, over batch size x length), the time
 to the first action (first logged step > 0) and to the first update
-(first `fps/train` > 0), our policy lag, the CPU seconds and peak memory of
-all processes, and the score against env steps and against wall-clock.
+(first `fps/train` > 0), the updates/s once training (the log windows
+after the first update's), our policy lag, the CPU seconds and peak memory
+of all processes, and the score against env steps and against wall-clock.
+`--learner_alone` also times our learner alone at each task's
+configuration (`bench/learner/learner_bench.py --task`, 3 rounds before
+the runs and 3 after) and reports the fraction of it our run keeps once
+training (`kept`).
 The JSON has an entry per system (`ours`, `upstream`) with the medians over
 rounds (`env_steps_per_s`, `updates_per_s`, ...), the rounds themselves,
 and the ratios; `--figure` draws score against wall-clock for both
@@ -216,12 +221,17 @@ def summarize(lines, batch_steps, seconds, window):
   # Replayed steps over each log window: a line's fps/train is the rate
   # over the window it closes, since the line before that carried it (the
   # first: one `window` of time, or less where the run is younger).
-  replayed, previous = 0.0, None
+  replayed, previous, since_first = 0.0, None, 0.0
   for t, r in lines:
     if 'fps/train' in r:
       replayed += r['fps/train'] * (
           t - previous if previous is not None else min(t, window))
+      if previous is not None:
+        since_first += r['fps/train'] * (t - previous)
       previous = t
+  # Once training: the windows after the first update's, whole ones only.
+  training = (first_update is not None and previous is not None
+              and previous > first_update)
   lags = [r['train/policy_lag/mean'] for _, r in lines
           if 'train/policy_lag/mean' in r]
   scores = [(t, int(r['step']), r['episode/score']) for t, r in lines
@@ -234,6 +244,9 @@ def summarize(lines, batch_steps, seconds, window):
       'env_steps_per_s': round(last_step / seconds, 3),
       'updates': round(replayed / batch_steps, 1),
       'updates_per_s': round(replayed / batch_steps / seconds, 4),
+      'training_updates_per_s': round(
+          since_first / batch_steps / (previous - first_update), 4)
+      if training else None,
       'first_action_s': first_action and round(first_action, 1),
       'first_update_s': first_update and round(first_update, 1),
       'policy_lag_mean': round(float(np.mean(lags)), 2) if lags else None,
@@ -267,17 +280,20 @@ def median(records, key):
   return float(np.median(values)) if values else None
 
 
-def report(args, records, skipped, render_ms=None):
+def report(args, records, skipped, render_ms=None, alone=None):
   """The results: per task and system the medians over rounds and the
-  rounds; per task the ratios of ours over upstream."""
+  rounds; per task the ratios of ours over upstream, and with `alone`
+  ({task: our learner's updates/s alone}) the fraction of it ours keeps
+  once training (`kept`)."""
   import jax  # noqa: F401  (the stamp names the runs' JAX and device)
   result = {**stamp.stamp(), 'settings': {
       k: v for k, v in settings(args, '').items() if k != 'task'},
       'size': args.size, 'minutes': args.minutes, 'tasks': {}}
   if skipped:
     result['upstream_skipped'] = skipped
-  keys = ('env_steps_per_s', 'updates_per_s', 'first_action_s',
-          'first_update_s', 'policy_lag_mean', 'cpu_s', 'peak_rss_gb')
+  keys = ('env_steps_per_s', 'updates_per_s', 'training_updates_per_s',
+          'first_action_s', 'first_update_s', 'policy_lag_mean', 'cpu_s',
+          'peak_rss_gb')
   for task in args.tasks:
     entry = {}
     for system in SYSTEMS:
@@ -286,6 +302,11 @@ def report(args, records, skipped, render_ms=None):
       if rounds:
         entry[system] = {k: median(rounds, k) for k in keys}
         entry[system]['rounds'] = rounds
+    if alone and task in alone and 'ours' in entry:
+      ours = entry['ours']
+      ours['learner_alone_updates_per_s'] = alone[task]
+      if ours['training_updates_per_s']:
+        ours['kept'] = round(ours['training_updates_per_s'] / alone[task], 3)
     if 'ours' in entry and 'upstream' in entry:
       entry['ratios'] = {
           k: round(entry['ours'][k] / entry['upstream'][k], 2)
@@ -334,6 +355,23 @@ def figure(result, path):
   return left_out
 
 
+def learner_alone(args, task, root):
+  """Our learner's updates/s per round at the run's size, dtype, batch
+  and the task's spaces, alone on the machine (learner_bench.py in a
+  process of its own, as the run's platform)."""
+  name = re.sub(r'[^\w]', '_', task)
+  out = root / f'alone_{name}.json'
+  subprocess.run(
+      [sys.executable, '-m', 'bench.learner.learner_bench', '--task', task,
+       '--sizes', args.size, '--dtypes', args.dtype, '--variants', 'base',
+       '--batch', str(args.batch_size), '--length', str(args.batch_length),
+       '--steps', '8', '--rounds', '3', '--no-floor', '--out', str(out)],
+      cwd=ROOT, check=True,
+      env={**os.environ, 'JAX_PLATFORMS': args.platform})
+  (row,) = json.loads(out.read_text())['rows']
+  return [1e3 / ms for ms in row['ms_per_update']]
+
+
 def run_all(args, systems, root):
   """Every task's rounds, A B B A; the records in run order."""
   records = []
@@ -373,6 +411,10 @@ def main():
   parser.add_argument('--dtype', default='float32')
   parser.add_argument('--log_every', type=float, default=15.0)
   parser.add_argument('--render_cost', action='store_true')
+  parser.add_argument('--learner_alone', action='store_true',
+                      help="time our learner alone at each task's "
+                      'configuration before the rounds and after '
+                      '(bench/learner/learner_bench.py --task)')
   parser.add_argument('--render_steps', type=int, default=500)
   parser.add_argument('--smoke', action='store_true',
                       help='1.5 minutes per system, one round, dummy_disc, '
@@ -405,10 +447,16 @@ def main():
   with tempfile.TemporaryDirectory(prefix='e2e_') as temp:
     root = Path(args.logdir or temp)
     root.mkdir(parents=True, exist_ok=True)
+    alone = {task: [] for task in args.tasks if args.learner_alone}
+    for task in alone:  # before the rounds and after: drift shows
+      alone[task] += learner_alone(args, task, root)
     records = run_all(args, systems, root)
+    for task in alone:
+      alone[task] = round(float(np.median(
+          alone[task] + learner_alone(args, task, root))), 3)
   render_ms = round(render_cost(args.render_steps) * 1e3, 3) if (
       args.render_cost) else None
-  result = report(args, records, skipped, render_ms)
+  result = report(args, records, skipped, render_ms, alone)
   if args.out:
     Path(args.out).write_text(json.dumps(result, indent=1) + '\n')
   if args.figure:

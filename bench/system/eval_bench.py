@@ -22,7 +22,6 @@ cost is the CPU its episodes take, which the ratio shows.
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,13 +121,8 @@ def summarize(runs, args):
   def median(mode, key):
     return statistics.median(r[key] for r in runs if r['mode'] == mode)
   return {
-      'configs': args.configs, 'seconds': args.seconds,
+      **stamp.stamp(), 'configs': args.configs, 'seconds': args.seconds,
       'eval_every': args.eval_every, 'eval_envs': args.eval_envs,
-      'machine': f'{platform.processor() or platform.machine()}, '
-                 f'{os.cpu_count()} cores',
-      'commit': subprocess.run(['git', 'rev-parse', '--short', 'HEAD'],
-                               cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip(),
       'runs': runs,
       'updates_ratio': median('on', 'updates_per_s') / median(
           'off', 'updates_per_s'),

@@ -24,6 +24,10 @@ def test_summarize_rates_first_times_and_usage():
   # carried no rate), 128 over the 10 s to the next: 2,240 steps = 70.
   assert result['updates'] == 70.0
   assert result['updates_per_s'] == 1.4
+  # Once training: the window after the first update's line alone, 128
+  # replayed steps/s over 10 s = 4 updates/s (the first window's rate is
+  # left out: it began before the first update).
+  assert result['training_updates_per_s'] == 4.0
   assert result['policy_lag_mean'] == 4.0
   assert result['scores'] == [[20.0, 400, 7.0], [50.0, 2000, 9.5]]
   assert result['usage'] == {'usage/agent/cpu': 0.9, 'usage/env0/cpu': 0.2}
@@ -48,3 +52,28 @@ def test_a_system_that_ended_no_episode_is_left_out_of_the_figure(tmp_path):
       'upstream': rounds([], [])}}}
   assert e2e.figure(result, tmp_path / 'f.png') == ['upstream']
   assert (tmp_path / 'f.png').stat().st_size > 0
+
+
+def test_kept_is_the_training_rate_over_the_learner_alone():
+  """`kept` divides the median training rate over rounds by the learner's
+  rate alone; a run that never trained keeps nothing to report."""
+  class Args:
+    tasks, size, minutes, seed, envs, train_ratio = ['t'], 'debug', 1, 0, 2, 32
+    batch_size, batch_length, log_every = 4, 8, 5
+    platform, dtype = 'cpu', 'float32'
+  def record(rate):
+    return {'task': 't', 'system': 'ours', 'training_updates_per_s': rate,
+            'env_steps_per_s': 1.0, 'updates_per_s': 1.0}
+  result = e2e.report(Args, [record(3.0), record(4.0), record(5.0)], '',
+                      alone={'t': 5.0})
+  assert result['tasks']['t']['ours']['kept'] == 0.8
+  assert result['tasks']['t']['ours']['learner_alone_updates_per_s'] == 5.0
+  result = e2e.report(Args, [record(None)], '', alone={'t': 5.0})
+  assert 'kept' not in result['tasks']['t']['ours']
+
+
+def test_a_run_without_a_second_training_window_has_no_training_rate():
+  lines = [(10.0, {'step': 10}), (20.0, {'step': 20, 'fps/train': 50.0})]
+  result = e2e.summarize(lines, batch_steps=32, seconds=20.0, window=15.0)
+  assert result['first_update_s'] == 20.0
+  assert result['training_updates_per_s'] is None
