@@ -86,6 +86,29 @@ class Encoder(nn.Module):
     return x.reshape((*bshape, x.shape[-1]))
 
 
+@jax.checkpoint
+def block_gates(x, old):
+  """The block GRU's new state from its gate inputs `x` [*B, g, 3, d / g]
+  and the old state `old` [*B, g, d / g]: [*B, d].
+
+  Block by block: XLA:CPU runs the same gates over all blocks at once
+  (slices of every block in one fusion) several times slower. Under
+  `jax.checkpoint` a gradient saves only `x` and `old` and recomputes the
+  gates' sigmoids and tanhs, instead of saving each block's: in the
+  observe scan's forward step that is 94 of 253 compiled ops (the
+  per-step writes of what the backward reads), in its backward 23 more,
+  and as fast on a CPU (docs/benchmarks.md, learner section).
+  """
+  new = []
+  for k in range(x.shape[-3]):
+    reset, cand, update = [x[..., k, i, :] for i in range(3)]
+    reset = jax.nn.sigmoid(reset)
+    cand = jnp.tanh(reset * cand)
+    update = jax.nn.sigmoid(update - 1)
+    new.append(update * cand + (1 - update) * old[..., k, :])
+  return jnp.concatenate(new, -1)
+
+
 class RSSM(nn.Module):
   """Recurrent state-space model with a block-GRU deter state and
   categorical stoch latents. Carries are dicts {deter [B, D], stoch [B, S, C]}.
@@ -159,16 +182,7 @@ class RSSM(nn.Module):
       x = nets.ACTIVATIONS[self.act](norm(layer(x, shared)))
     x = self.dyngru(x).reshape((*deter.shape[:-1], g, 3, -1))
     old = deter.reshape((*deter.shape[:-1], g, -1)).astype(x.dtype)
-    # The gates block by block: XLA:CPU runs the same gates over all blocks
-    # at once (slices of every block in one fusion) several times slower.
-    new = []
-    for k in range(g):
-      reset, cand, update = [x[..., k, i, :] for i in range(3)]
-      reset = jax.nn.sigmoid(reset)
-      cand = jnp.tanh(reset * cand)
-      update = jax.nn.sigmoid(update - 1)
-      new.append(update * cand + (1 - update) * old[..., k, :])
-    return jnp.concatenate(new, -1).astype(self.dtype)
+    return block_gates(x, old).astype(self.dtype)
 
   def prior(self, deter):
     x = deter
