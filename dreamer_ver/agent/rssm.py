@@ -86,27 +86,22 @@ class Encoder(nn.Module):
     return x.reshape((*bshape, x.shape[-1]))
 
 
-@jax.checkpoint
 def block_gates(x, old):
   """The block GRU's new state from its gate inputs `x` [*B, g, 3, d / g]
   and the old state `old` [*B, g, d / g]: [*B, d].
 
-  Block by block: XLA:CPU runs the same gates over all blocks at once
-  (slices of every block in one fusion) several times slower. Under
-  `jax.checkpoint` a gradient saves only `x` and `old` and recomputes the
-  gates' sigmoids and tanhs, instead of saving each block's: in the
-  observe scan's forward step that is 94 of 253 compiled ops (the
-  per-step writes of what the backward reads), in its backward 23 more,
-  and as fast on a CPU (docs/benchmarks.md, learner section).
+  All blocks at once: per block, the observe scan's compiled step had 8
+  times the gates' ops and saved each block's for the gradient (405 ops
+  per step, forward and backward, against 291 so; in one process on a
+  2-core AMD EPYC, size1m float32, as fast or 5 % faster: docs/benchmarks.md,
+  learner section).
   """
-  new = []
-  for k in range(x.shape[-3]):
-    reset, cand, update = [x[..., k, i, :] for i in range(3)]
-    reset = jax.nn.sigmoid(reset)
-    cand = jnp.tanh(reset * cand)
-    update = jax.nn.sigmoid(update - 1)
-    new.append(update * cand + (1 - update) * old[..., k, :])
-  return jnp.concatenate(new, -1)
+  reset, cand, update = x[..., 0, :], x[..., 1, :], x[..., 2, :]
+  reset = jax.nn.sigmoid(reset)
+  cand = jnp.tanh(reset * cand)
+  update = jax.nn.sigmoid(update - 1)
+  new = update * cand + (1 - update) * old
+  return new.reshape((*new.shape[:-2], -1))
 
 
 class RSSM(nn.Module):
