@@ -283,8 +283,9 @@ def median(records, key):
 def report(args, records, skipped, render_ms=None, alone=None):
   """The results: per task and system the medians over rounds and the
   rounds; per task the ratios of ours over upstream, and with `alone`
-  ({task: our learner's updates/s alone}) the fraction of it ours keeps
-  once training (`kept`)."""
+  ({task: {'before': [updates/s of our learner alone per round],
+  'after': [...]}}) their median and the fraction of it ours keeps once
+  training (`kept`)."""
   import jax  # noqa: F401  (the stamp names the runs' JAX and device)
   result = {**stamp.stamp(), 'settings': {
       k: v for k, v in settings(args, '').items() if k != 'task'},
@@ -304,9 +305,12 @@ def report(args, records, skipped, render_ms=None, alone=None):
         entry[system]['rounds'] = rounds
     if alone and task in alone and 'ours' in entry:
       ours = entry['ours']
-      ours['learner_alone_updates_per_s'] = alone[task]
+      rate = float(np.median(alone[task]['before'] + alone[task]['after']))
+      ours['learner_alone'] = {k: [round(r, 3) for r in v]
+                               for k, v in alone[task].items()}
+      ours['learner_alone_updates_per_s'] = round(rate, 3)
       if ours['training_updates_per_s']:
-        ours['kept'] = round(ours['training_updates_per_s'] / alone[task], 3)
+        ours['kept'] = round(ours['training_updates_per_s'] / rate, 3)
     if 'ours' in entry and 'upstream' in entry:
       entry['ratios'] = {
           k: round(entry['ours'][k] / entry['upstream'][k], 2)
@@ -447,13 +451,11 @@ def main():
   with tempfile.TemporaryDirectory(prefix='e2e_') as temp:
     root = Path(args.logdir or temp)
     root.mkdir(parents=True, exist_ok=True)
-    alone = {task: [] for task in args.tasks if args.learner_alone}
-    for task in alone:  # before the rounds and after: drift shows
-      alone[task] += learner_alone(args, task, root)
+    alone = {task: {'before': learner_alone(args, task, root)}
+             for task in args.tasks if args.learner_alone}
     records = run_all(args, systems, root)
-    for task in alone:
-      alone[task] = round(float(np.median(
-          alone[task] + learner_alone(args, task, root))), 3)
+    for task in alone:  # and after: a drift in the machine shows
+      alone[task]['after'] = learner_alone(args, task, root)
   render_ms = round(render_cost(args.render_steps) * 1e3, 3) if (
       args.render_cost) else None
   result = report(args, records, skipped, render_ms, alone)

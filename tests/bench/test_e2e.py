@@ -55,8 +55,9 @@ def test_a_system_that_ended_no_episode_is_left_out_of_the_figure(tmp_path):
 
 
 def test_kept_is_the_training_rate_over_the_learner_alone():
-  """`kept` divides the median training rate over rounds by the learner's
-  rate alone; a run that never trained keeps nothing to report."""
+  """`kept` divides the median training rate over rounds by the median of
+  the learner's rounds alone, before the runs and after; a run that never
+  trained keeps nothing to report."""
   class Args:
     tasks, size, minutes, seed, envs, train_ratio = ['t'], 'debug', 1, 0, 2, 32
     batch_size, batch_length, log_every = 4, 8, 5
@@ -64,11 +65,14 @@ def test_kept_is_the_training_rate_over_the_learner_alone():
   def record(rate):
     return {'task': 't', 'system': 'ours', 'training_updates_per_s': rate,
             'env_steps_per_s': 1.0, 'updates_per_s': 1.0}
+  alone = {'t': {'before': [4.0, 5.0, 6.0], 'after': [5.0, 5.0, 7.0]}}
   result = e2e.report(Args, [record(3.0), record(4.0), record(5.0)], '',
-                      alone={'t': 5.0})
-  assert result['tasks']['t']['ours']['kept'] == 0.8
-  assert result['tasks']['t']['ours']['learner_alone_updates_per_s'] == 5.0
-  result = e2e.report(Args, [record(None)], '', alone={'t': 5.0})
+                      alone=alone)
+  ours = result['tasks']['t']['ours']
+  assert ours['learner_alone_updates_per_s'] == 5.0  # the median of all 6
+  assert ours['kept'] == 0.8
+  assert ours['learner_alone'] == alone['t']  # the rounds, for drift
+  result = e2e.report(Args, [record(None)], '', alone=alone)
   assert 'kept' not in result['tasks']['t']['ours']
 
 
