@@ -90,11 +90,10 @@ def block_gates(x, old):
   """The block GRU's new state from its gate inputs `x` [*B, g, 3, d / g]
   and the old state `old` [*B, g, d / g]: [*B, d].
 
-  All blocks at once: per block, the observe scan's compiled step had 8
-  times the gates' ops and saved each block's for the gradient (405 ops
-  per step, forward and backward, against 291 so; in one process on a
-  2-core AMD EPYC, size1m float32, as fast or 5 % faster: docs/benchmarks.md,
-  learner section).
+  All blocks at once: block by block, the observe scan's compiled step had
+  8 times the gates' ops and saved each block's for the gradient (405 ops
+  per step, forward and backward, against 291 so), and the update was no
+  faster on a CPU (docs/benchmarks.md, learner section).
   """
   reset, cand, update = x[..., 0, :], x[..., 1, :], x[..., 2, :]
   reset = jax.nn.sigmoid(reset)
