@@ -85,23 +85,15 @@ from dreamer_ver.config import loading as configlib
 from dreamer_ver.config.validation import CHOICES
 from dreamer_ver.agent.agent import Agent
 from dreamer_ver.cluster import devices
-from dreamer_ver.envs import make_env
+from dreamer_ver.runtime.agent_process import build_agent
 
 MALLOCS = CHOICES['jax.malloc']
 OBS = {'orientations': (14,), 'height': (), 'velocity': (9,)}
 ACT = (6,)
 
 
-def spaces(task=''):
-  """(obs_space, act_space): the task's env's, or walker's without one
-  (no dm_control needed)."""
-  if task:
-    env = make_env(task, configlib.compose(['dmc_proprio'], {
-        'task': task}).env)
-    try:
-      return env.obs_space, env.act_space
-    finally:
-      env.close()
+def spaces():
+  """dm_control walker's (obs_space, act_space), without dm_control."""
   obs = {k: elements.Space(np.float32, s) for k, s in OBS.items()}
   obs.update({'reward': elements.Space(np.float32, ()),
               'is_first': elements.Space(bool, ()),
@@ -153,8 +145,10 @@ def make(size, dtype, batch, length, name='base', task=''):
   unroll, fuse = variant(name)
   config = configlib.compose(['dmc_proprio', size], {
       'jax.compute_dtype': dtype, 'batch_size': batch,
-      'batch_length': length, 'agent.scan_unroll': unroll})
-  agent = Agent(*spaces(task), config)
+      'batch_length': length, 'agent.scan_unroll': unroll,
+      **({'task': task} if task else {})})
+  # A task's agent as the runtime builds it (its env's spaces).
+  agent = build_agent(config) if task else Agent(*spaces(), config)
   T = length + config.replay_context
   state = agent.init_state(agent.init_params(0), 0)
   carry = agent.init_carry(batch)
