@@ -5,7 +5,7 @@ loop writes and saves on its clocks. ``tran`` is ``transitions`` under
 upstream DreamerV3's name, so an unmodified upstream actor logs here too.
 """
 
-from dreamer_ver.core.atomic import storage_fault
+from dreamer_ver.core.atomic import StorageFault, storage_fault
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
 from dreamer_ver.cluster.supervisor import USER_ERROR, stop_for_storage
@@ -22,33 +22,49 @@ def serve_logger(config, stop=None):
   if service.load():
     print(f'[logger] resumed at step {service.step}', flush=True)
   links = Links.of(config)
-  server = Server(links.addresses['logger'], 'Logger', workers=1,
-                  **links.server_kwargs())
-  server.bind('add', service.add)  # All on the shared single worker.
-  server.bind('transitions', service.transitions)
-  server.bind('tran', service.transitions)  # upstream DreamerV3's actor
-  server.start()
-  reported_activity = [service.activity]
+  faults = []  # the first StorageFault: said once; no later write is tried
 
-  faults = []  # a write's StorageFault: no later write is tried
+  def met(error):
+    """The StorageFault that `error` is, else None; the first is said in
+    one line and stops the run in order (the logger serves on meanwhile)."""
+    fault = storage_fault(error, config.logdir)
+    if fault is not None and not faults:
+      faults.append(fault)
+      stop_for_storage(
+          'logger', f'{fault}; env step {service.step:_} was not saved',
+          stop, step=service.step)
+    return fault
 
   def guarded(write):
-    """`write`, unless the disk failed; a full or read-only disk is said
-    once and stops the run in order (the logger serves on meanwhile)."""
+    """`write`, unless the disk failed."""
     def call():
       if faults:
         return
       try:
         write()
       except Exception as error:
-        fault = storage_fault(error, config.logdir)
-        if fault is None:
+        if met(error) is None:
           raise
-        faults.append(fault)
-        stop_for_storage(
-            'logger', f'{fault}; env step {service.step:_} was not saved',
-            stop, step=service.step)
     return call
+
+  def transitions(trans):
+    """The service's; a score line the disk refused is the caller's
+    StorageFault, said here once (`met`), not once per batch."""
+    try:
+      return service.transitions(trans)
+    except Exception as error:
+      fault = met(error)
+      if fault is None:
+        raise
+      raise StorageFault(str(fault)) from error
+
+  server = Server(links.addresses['logger'], 'Logger', workers=1,
+                  quiet=(StorageFault,), **links.server_kwargs())
+  server.bind('add', service.add)  # All on the shared single worker.
+  server.bind('transitions', transitions)
+  server.bind('tran', transitions)  # upstream DreamerV3's actor
+  server.start()
+  reported_activity = [service.activity]
 
   def log():
     if service.activity != reported_activity[0]:  # Idle: nothing to report.

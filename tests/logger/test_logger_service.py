@@ -1,6 +1,8 @@
 """Tests for the logger server: episodes, step counter and files, by value."""
 
+import errno
 import json
+import os
 import threading
 
 import numpy as np
@@ -11,8 +13,11 @@ from PIL import Image, ImageSequence
 from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.core.atomic import StateUnreadable
 from dreamer_ver.config.loading import compose
-from dreamer_ver.runtime.logger_process import serve_logger
+from dreamer_ver.cluster.supervisor import USER_ERROR
+from dreamer_ver.logger import service as logger_service
 from dreamer_ver.logger.service import LoggerService
+from dreamer_ver.runtime import logger_process
+from dreamer_ver.runtime.logger_process import serve_logger
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.cluster.signals import StopSignal
 
@@ -480,6 +485,49 @@ def test_server_round_trip_and_stop(tmp_path):
   assert json.loads((tmp_path / 'ckpt' / 'logger.json').read_text())[
       'step'] == 4
   assert [s['score'] for s in scores(tmp_path)] == [2.0, 5.0]
+
+
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_a_full_disk_met_by_a_scored_episode_is_said_once_and_stops_the_run(
+    tmp_path, monkeypatch, capfd):
+  """An episode's score line that the disk refuses, inside a `transitions`
+  call: each caller gets a StorageFault, and the run's stop is asked once
+  (its supervisor stops the run in order, so batches keep coming until
+  then), not a line per refused batch; the logger exits with code 2."""
+  def full(path, _):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+  monkeypatch.setattr(logger_service, 'append_line', full)
+  asked = []  # The supervisor's part: it stops the logger last, later.
+  monkeypatch.setattr(logger_process, 'stop_for_storage',
+                      lambda role, fault, stop, step: asked.append(
+                          (role, str(fault), step)))
+  port = free_port()
+  config = compose(['debug'], {  # No periodic write before the batches.
+      'logdir': str(tmp_path), 'run.logger_addr': f'127.0.0.1:{port}',
+      'run.log_every': 600, 'run.save_every': 600})
+  stop = StopSignal(install=False)
+  result = []
+  thread = threading.Thread(
+      target=lambda: result.append(serve_logger(config, stop)), daemon=True)
+  thread.start()
+  client = portal.Client(f'127.0.0.1:{port}', 'TestLogger')
+  try:
+    assert client.connect(timeout=15)
+    for envid in range(3):
+      with pytest.raises(RuntimeError, match='StorageFault: no space left'):
+        client.transitions(rows(
+            (envid, 0.0, True, False), (envid, 1.0, False, True))).result(10)
+  finally:
+    client.close(timeout=2)
+    stop.set()
+    thread.join(timeout=15)
+  assert result == [USER_ERROR]
+  assert len(asked) == 1 and asked[0][0] == 'logger', asked
+  assert asked[0][1].startswith('no space left on device writing '), asked
+  assert asked[0][2] == 2  # The first batch's two steps; not saved.
+  out, err = capfd.readouterr()
+  assert 'no space left' not in (out + err).lower(), out + err
+  assert not (tmp_path / 'ckpt' / 'logger.json').exists()
 
 
 def test_a_damaged_logger_json_at_start_is_one_line_naming_it(tmp_path):

@@ -18,23 +18,29 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--run.log_every', '2', '--run.save_every', '3']
 
 
-def _start(logdir, steps, cache=None):
+def _start(logdir, steps, cache=None, output=None):
   """The run, a process group of its own (as a shell's job); `cache`: a
-  compile cache of its own instead of the test run's."""
+  compile cache of its own instead of the test run's; `output`: a file for
+  its output, to read while it runs (else a pipe, read at its end)."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   if cache is not None:
     env['JAX_COMPILATION_CACHE_DIR'] = str(cache)
-  return subprocess.Popen(
-      [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
-       '--logdir', str(logdir), '--run.steps', str(steps), *FLAGS],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True, start_new_session=True)
+  stdout = subprocess.PIPE if output is None else open(output, 'w')
+  try:
+    return subprocess.Popen(
+        [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
+         '--logdir', str(logdir), '--run.steps', str(steps), *FLAGS],
+        cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+  finally:
+    if output is not None:
+      stdout.close()  # The run has its own copy.
 
 
 def _sigterm(proc, group=False):
   """Ends a run the way a user does (`group`: `timeout`, a scheduler or
   `kill -- -PGID`, which signal every process at once); returns its
-  output."""
+  output (None where it went to a file)."""
   if group:
     os.killpg(proc.pid, signal.SIGTERM)
   else:
@@ -149,19 +155,22 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
   """SIGTERM to the run, or to every process of it at once: the children
   stop in the supervisor's order (envs and agent, then the servers that
   save what they sent), none is killed, and a rerun resumes. The signal to
-  every process lands while the learner compiles (a cold compile cache:
-  tens of seconds, which nothing can interrupt): the agent saves without
-  waiting for it."""
-  logdir = tmp_path / 'run'
-  proc = _start(logdir, 100_000, cache=tmp_path / 'cold' if group else None)
+  every process lands while the learner compiles: with a cold compile
+  cache that starts just before the first action and takes seconds, which
+  nothing can interrupt; the agent saves without waiting for it."""
+  logdir, log = tmp_path / 'run', tmp_path / 'output.log'
+  proc = _start(logdir, 100_000, cache=tmp_path / 'cold' if group else None,
+                output=log)
   try:
-    assert _wait_for(lambda: _served(logdir) > 100, 240), 'run never started'
+    assert _wait_for(lambda: 'First action served' in log.read_text(), 240), (
+        'run never started')
     children = [_pid(logdir, n) for n in ('env0', 'replay', 'logger')]
     start = time.monotonic()
-    out = _sigterm(proc, group)
+    _sigterm(proc, group)
     elapsed = time.monotonic() - start
   finally:
     _kill(proc)
+  out = log.read_text()
   assert proc.returncode == 0, out[-3000:]
   assert elapsed < 20, elapsed  # 15 s budget plus interpreter exit.
   assert 'did not stop within' not in out and 'Traceback' not in out, (
@@ -378,8 +387,9 @@ def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
   proc = subprocess.Popen(
       [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
        '--logdir', str(logdir), '--run.steps', '400', *FLAGS],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True, start_new_session=True)
+      cwd=ROOT, env=env,
+      stdout=subprocess.PIPE if output is None else open(output, 'w'),
+      stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
     out = proc.communicate(timeout=420)[0]
   finally:
