@@ -1,5 +1,6 @@
 """Tests for the logger server: episodes, step counter and files, by value."""
 
+import contextlib
 import errno
 import json
 import os
@@ -449,12 +450,15 @@ def test_a_resent_shipment_is_counted_once(tmp_path):
       (0, 2.0), (1, 4.0), (0, 4.0)]
 
 
-@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
-def test_server_round_trip_and_stop(tmp_path):
+@contextlib.contextmanager
+def serving(tmp_path, every):
+  """`serve_logger` in a thread, writing and saving `every` seconds: yields
+  a connected client and the exit codes (one once it stopped), stopped
+  at the end."""
   port = free_port()
   config = compose(['debug'], {
       'logdir': str(tmp_path), 'run.logger_addr': f'127.0.0.1:{port}',
-      'run.log_every': 0.5, 'run.save_every': 0.5})
+      'run.log_every': every, 'run.save_every': every})
   stop = StopSignal(install=False)
   result = []
   thread = threading.Thread(
@@ -463,6 +467,16 @@ def test_server_round_trip_and_stop(tmp_path):
   client = portal.Client(f'127.0.0.1:{port}', 'TestLogger')
   try:
     assert client.connect(timeout=15)
+    yield client, result
+  finally:
+    client.close(timeout=2)
+    stop.set()
+    thread.join(timeout=15)
+
+
+@pytest.mark.filterwarnings('ignore:Using Portal from plain Python threads')
+def test_server_round_trip_and_stop(tmp_path):
+  with serving(tmp_path, 0.5) as (client, result):
     assert client.transitions(rows((0, 0.0, True, False), (0, 2.0, False, True))
                        ).result(10) == {}
     assert client.add({'fps/train': 3.0}).result(10) == {}
@@ -473,10 +487,6 @@ def test_server_round_trip_and_stop(tmp_path):
     upstream = rows((1, 5.0, False, True, False, {
         'log/speed': np.float32(2.0), 'action': np.zeros(2, np.float32)}))
     assert client.tran(upstream).result(10) == {}
-  finally:
-    client.close(timeout=2)
-    stop.set()
-    thread.join(timeout=15)
   assert result == [0]
   lines = metrics(tmp_path)
   assert lines[-1]['step'] == 4
@@ -501,26 +511,12 @@ def test_a_full_disk_met_by_a_scored_episode_is_said_once_and_stops_the_run(
   monkeypatch.setattr(logger_process, 'stop_for_storage',
                       lambda role, fault, stop, step: asked.append(
                           (role, str(fault), step)))
-  port = free_port()
-  config = compose(['debug'], {  # No periodic write before the batches.
-      'logdir': str(tmp_path), 'run.logger_addr': f'127.0.0.1:{port}',
-      'run.log_every': 600, 'run.save_every': 600})
-  stop = StopSignal(install=False)
-  result = []
-  thread = threading.Thread(
-      target=lambda: result.append(serve_logger(config, stop)), daemon=True)
-  thread.start()
-  client = portal.Client(f'127.0.0.1:{port}', 'TestLogger')
-  try:
-    assert client.connect(timeout=15)
+  # No periodic write before the batches.
+  with serving(tmp_path, 600) as (client, result):
     for envid in range(3):
       with pytest.raises(RuntimeError, match='StorageFault: no space left'):
         client.transitions(rows(
             (envid, 0.0, True, False), (envid, 1.0, False, True))).result(10)
-  finally:
-    client.close(timeout=2)
-    stop.set()
-    thread.join(timeout=15)
   assert result == [USER_ERROR]
   assert len(asked) == 1 and asked[0][0] == 'logger', asked
   assert asked[0][1].startswith('no space left on device writing '), asked
