@@ -18,13 +18,19 @@ FLAGS = ['--configs', 'debug', '--task', 'synthetic_bandit',
          '--run.log_every', '2', '--run.save_every', '3']
 
 
-def _start(logdir, steps, cache=None, output=None):
-  """The run, a process group of its own (as a shell's job); `cache`: a
-  compile cache of its own instead of the test run's; `output`: a file for
-  its output, to read while it runs (else a pipe, read at its end)."""
+def _start(logdir, steps, output=None, hook=None):
+  """The run, a process group of its own (as a shell's job); `output`: a
+  file for its output, to read while it runs (else a pipe, read at its
+  end); `hook`: a change to the learner in each of its processes
+  (LEARNER_HOOK: 'fault' or 'hold')."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
-  if cache is not None:
-    env['JAX_COMPILATION_CACHE_DIR'] = str(cache)
+  if hook is not None:
+    folder = Path(logdir).parent / 'hook'
+    folder.mkdir(exist_ok=True)
+    (folder / 'sitecustomize.py').write_text(LEARNER_HOOK)
+    env.update(LEARNER_HOOK=hook, LEARNER_HOOK_MARKER=str(
+        Path(logdir).parent / 'hook_happened'), PYTHONPATH=os.pathsep.join(
+            [str(folder), os.environ.get('PYTHONPATH', '')]))
   stdout = subprocess.PIPE if output is None else open(output, 'w')
   try:
     return subprocess.Popen(
@@ -155,12 +161,11 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
   """SIGTERM to the run, or to every process of it at once: the children
   stop in the supervisor's order (envs and agent, then the servers that
   save what they sent), none is killed, and a rerun resumes. The signal to
-  every process lands while the learner compiles: with a cold compile
-  cache that starts just before the first action and takes seconds, which
-  nothing can interrupt; the agent saves without waiting for it."""
+  every process lands while the learner compiles (`hold`: a compile that
+  never ends, as XLA's cannot be interrupted): the agent saves without
+  waiting for it."""
   logdir, log = tmp_path / 'run', tmp_path / 'output.log'
-  proc = _start(logdir, 100_000, cache=tmp_path / 'cold' if group else None,
-                output=log)
+  proc = _start(logdir, 100_000, output=log, hook='hold' if group else None)
   try:
     assert _wait_for(lambda: 'First action served' in log.read_text(), 240), (
         'run never started')
@@ -177,7 +182,7 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
       out[-3000:])
   if group:
     assert 'Compiling the learner' in out, out[-3000:]
-    assert 'Learner compiled' not in out, 'the compile ended before the stop'
+    assert (tmp_path / 'hook_happened').exists(), 'no compile was held'
   assert not any(_alive(pid) for pid in children)
   saved = json.loads((logdir / 'ckpt' / 'counters.json').read_text())
   assert saved['steps'] > 0
@@ -343,11 +348,12 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
   assert not any(_alive(pid) for pid in envs.values())
 
 
-# Loaded by every Python process of the run through PYTHONPATH: once the
-# agent imports the learner, its third train step raises, in the first agent
-# process only (a marker file remembers it happened).
-LEARNER_FAULT = """
-import importlib.abc, importlib.util, os, sys
+# Every Python process's sitecustomize (through PYTHONPATH): as the agent
+# imports the learner, `$LEARNER_HOOK` changes its Learner: 'fault' raises at the third update of the run (once:
+# the marker file says it happened), 'hold' makes each compile wait forever
+# once done (the marker says one began).
+LEARNER_HOOK = """
+import importlib.abc, importlib.util, os, sys, threading
 
 class _Hook(importlib.abc.MetaPathFinder):
   def find_spec(self, name, path, target=None):
@@ -356,18 +362,27 @@ class _Hook(importlib.abc.MetaPathFinder):
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(name)
     run_module = spec.loader.exec_module
+    marker = os.environ['LEARNER_HOOK_MARKER']
     def exec_module(module):
       run_module(module)
-      train_step = module.Learner.train_step
+      Learner = module.Learner
+      if os.environ['LEARNER_HOOK'] == 'hold':
+        compile = Learner.compile
+        def held_compile(self):
+          open(marker, 'w').close()
+          compile(self)
+          threading.Event().wait()
+        Learner.compile = held_compile
+        return
+      train_step = Learner.train_step
       calls = []
       def failing_train_step(self, batch):
         calls.append(1)
-        marker = os.environ['LEARNER_FAULT_MARKER']
         if len(calls) == 3 and not os.path.exists(marker):
           open(marker, 'w').close()
           raise RuntimeError('injected learner fault')
         return train_step(self, batch)
-      module.Learner.train_step = failing_train_step
+      Learner.train_step = failing_train_step
     spec.loader.exec_module = exec_module
     return spec
 
@@ -376,26 +391,14 @@ sys.meta_path.insert(0, _Hook())
 
 
 def test_a_failed_learner_restarts_the_agent_and_the_run_completes(tmp_path):
-  (tmp_path / 'hook').mkdir()
-  (tmp_path / 'hook' / 'sitecustomize.py').write_text(LEARNER_FAULT)
-  marker = tmp_path / 'fault_happened'
   logdir = tmp_path / 'run'
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1',
-         'LEARNER_FAULT_MARKER': str(marker),
-         'PYTHONPATH': os.pathsep.join(
-             [str(tmp_path / 'hook'), os.environ.get('PYTHONPATH', '')])}
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'dreamer_ver.main', '--script', 'parallel',
-       '--logdir', str(logdir), '--run.steps', '400', *FLAGS],
-      cwd=ROOT, env=env,
-      stdout=subprocess.PIPE if output is None else open(output, 'w'),
-      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  proc = _start(logdir, 400, hook='fault')
   try:
     out = proc.communicate(timeout=420)[0]
   finally:
     _kill(proc)
   assert proc.returncode == 0, out[-3000:]
-  assert marker.exists(), 'the fault was never injected'
+  assert (tmp_path / 'hook_happened').exists(), 'the fault was never injected'
   assert 'RuntimeError: injected learner fault' in out, out[-3000:]
   assert out.count("Agent failed: the learner raised RuntimeError("
                    "'injected learner fault')") == 1, out[-3000:]

@@ -192,7 +192,10 @@ def test_ray_runs_a_learner_per_host_and_restarts_them_together(
   logdir = tmp_path / 'run'
   log = tmp_path / 'driver.log'
   with log.open('w') as output:
-    driver = _driver(cluster, logdir, 800, output, '--jax.processes', '2')
+    # At 10 env steps per update past the first ~250, 2,000 steps are ~175
+    # updates: the kill lands long before the end, however fast the updates
+    # (the 2nd is logged seconds after it ran).
+    driver = _driver(cluster, logdir, 2000, output, '--jax.processes', '2')
   try:
     wait_for_updates(logdir, 2)
     nodes = _nodes(logdir, ('agent', 'learner1'))
