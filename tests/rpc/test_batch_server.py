@@ -409,7 +409,7 @@ def test_postfn_runs_in_cut_order_with_several_workers(transport):
   later batch that finished first (an env's transitions are shipped in
   its step order), and a batch whose handler raised does not hold up the
   ones after it."""
-  first_running = threading.Event()
+  first_running, second_served = threading.Event(), threading.Event()
   served, posted = [], []
 
   def handler(requests):
@@ -418,8 +418,11 @@ def test_postfn_runs_in_cut_order_with_several_workers(transport):
       raise ValueError('bad x')
     if x == 1:
       first_running.set()
-      time.sleep(0.3)  # The later batch is served meanwhile.
+      # The later batch is served meanwhile, by the other worker.
+      assert second_served.wait(TIMEOUT), 'the later batch waited'
     served.append(x)
+    if x == 2:
+      second_served.set()
     return [{'y': r.data['x'] * 2} for r in requests], x
 
   with serving(handler, preemption.Fixed(1), postfn=lambda b, x: posted.append(x),

@@ -222,9 +222,13 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
     # Training goes on: the learner publishes and saves newer params.
     assert _wait_for(
         lambda: _counters(logdir)['version'] > killed['version'], 60)
-    # Metrics resume: the restarted logger writes lines past the old step.
+    # Metrics resume: the restarted logger writes lines past the old step,
+    # the learner's among them.
     assert _wait_for(lambda: any(
         m['step'] > last_step for m in _metrics(logdir)[len(before):]), 60)
+    assert _wait_for(lambda: any(
+        'train/loss/dyn' in m for m in _metrics(logdir)[len(before):]), 60), (
+            'no train metrics resumed')
     out = _sigterm(proc)
   finally:
     _kill(proc)
@@ -232,8 +236,6 @@ def test_killed_logger_is_restarted_and_metrics_resume(tmp_path):
   assert 'logger exited with code -9; restarting' in out
   assert '[logger] resumed at step' in out
   assert _counters(logdir)['steps'] > killed['steps']
-  after = _metrics(logdir)[len(before):]
-  assert any('train/loss/dyn' in m for m in after), 'no train metrics resumed'
   for name in ('env0', 'replay', 'logger'):
     assert not _alive(_pid(logdir, name)), name
 
