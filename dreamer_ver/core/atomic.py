@@ -112,8 +112,12 @@ def read_json(path, afresh):
 def append_line(path, line):
   """Appends `line` and a newline to the text file `path`. A last line that
   a kill cut short gets its newline first, so that it does not swallow
-  this one (readers skip the cut line alone)."""
-  with open(path, 'a+b') as file:
-    if file.tell() and (file.seek(-1, os.SEEK_END), file.read(1))[1] != b'\n':
-      file.write(b'\n')
-    file.write(line.encode() + b'\n')
+  this one (readers skip the cut line alone). A failed write's error
+  names `path`, as a buffered file's does not (`with_path`)."""
+  try:
+    with open(path, 'a+b') as file:
+      if file.tell() and (file.seek(-1, os.SEEK_END), file.read(1))[1] != b'\n':
+        file.write(b'\n')
+      file.write(line.encode() + b'\n')
+  except OSError as error:
+    raise with_path(error, path)

@@ -5,6 +5,8 @@ loop writes and saves on its clocks. ``tran`` is ``transitions`` under
 upstream DreamerV3's name, so an unmodified upstream actor logs here too.
 """
 
+import threading
+
 from dreamer_ver.core.atomic import StorageFault, storage_fault
 from dreamer_ver.cluster.links import Links
 from dreamer_ver.cluster.signals import StopSignal, run_periodically
@@ -23,16 +25,20 @@ def serve_logger(config, stop=None):
     print(f'[logger] resumed at step {service.step}', flush=True)
   links = Links.of(config)
   faults = []  # the first StorageFault: said once; no later write is tried
+  said = threading.Lock()  # `met` runs in the server's worker and here
 
   def met(error):
     """The StorageFault that `error` is, else None; the first is said in
     one line and stops the run in order (the logger serves on meanwhile)."""
     fault = storage_fault(error, config.logdir)
-    if fault is not None and not faults:
-      faults.append(fault)
-      stop_for_storage(
-          'logger', f'{fault}; env step {service.step:_} was not saved',
-          stop, step=service.step)
+    with said:
+      first = fault is not None and not faults
+      if first:
+        faults.append(fault)
+    if first:
+      step = service.step
+      stop_for_storage('logger', f'{fault}; env step {step:_} was not saved',
+                       stop, step=step)
     return fault
 
   def guarded(write):
@@ -48,8 +54,13 @@ def serve_logger(config, stop=None):
     return call
 
   def transitions(trans):
-    """The service's; a score line the disk refused is the caller's
-    StorageFault, said here once (`met`), not once per batch."""
+    """The service's; after a full or read-only disk, the caller's
+    StorageFault, said here once (`met`), not once per batch. The batch
+    that met it stays counted up to the episode whose line was refused:
+    nothing is saved after the fault, so the next life resumes from the
+    last save."""
+    if faults:
+      raise StorageFault(str(faults[0]))
     try:
       return service.transitions(trans)
     except Exception as error:

@@ -8,6 +8,7 @@ import pytest
 from dreamer_ver.core import atomic
 
 from dreamer_ver.config import validation
+from helpers.storage import full_appends
 
 
 @pytest.mark.parametrize('code', [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
@@ -78,6 +79,18 @@ def test_a_state_file_that_does_not_read_back_is_one_line_naming_it(
   assert '\n' not in message and message.startswith(f'{path} cannot be read (')
   assert message.endswith(
       'Put back an intact copy, or move it away to start the counts afresh.')
+
+
+def test_a_line_the_disk_refuses_names_its_file(tmp_path, monkeypatch):
+  """A buffered file's failed write names no file: the error names it, so
+  its storage fault's one line does."""
+  full_appends(monkeypatch)
+  path = tmp_path / 'scores.jsonl'
+  with pytest.raises(OSError) as raised:
+    atomic.append_line(path, '{"step": 1}')
+  assert raised.value.errno == errno.ENOSPC
+  assert raised.value.filename == str(path)
+  assert str(path) in str(atomic.storage_fault(raised.value))
 
 
 def test_a_line_appended_after_one_a_kill_cut_short_is_read_whole(tmp_path):

@@ -1,5 +1,6 @@
-"""A full disk, emulated at the replay's write calls (no test may mount a
-small file system everywhere): `FullDisk(monkeypatch, service)`; and
+"""A full disk, emulated at the write calls (no test may mount a small file
+system everywhere): `FullDisk(monkeypatch, service)` for the replay,
+`full_appends(monkeypatch)` for the lines `atomic.append_line` appends; and
 `can_mount()`, whether this process may mount a real one."""
 
 import errno
@@ -8,6 +9,7 @@ import os
 import subprocess
 import tempfile
 
+from dreamer_ver.core import atomic
 from dreamer_ver.replay import chunk as chunklib
 from dreamer_ver.replay import service as replay_service
 from dreamer_ver.replay import wal as wallib
@@ -45,6 +47,21 @@ class HalfWrites:
 
   def __getattr__(self, name):
     return getattr(self.file, name)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.file.close()
+
+
+def full_appends(monkeypatch):
+  """From now on each file `atomic.append_line` opens takes half of each
+  write and fails (`HalfWrites`)."""
+  builtin_open = open
+  monkeypatch.setattr(atomic, 'open', lambda path, mode='r': (
+      HalfWrites(builtin_open(path, mode)) if 'a' in mode
+      else builtin_open(path, mode)), raising=False)
 
 
 class FullDisk:

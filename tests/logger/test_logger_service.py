@@ -1,9 +1,7 @@
 """Tests for the logger server: episodes, step counter and files, by value."""
 
 import contextlib
-import errno
 import json
-import os
 import threading
 
 import numpy as np
@@ -15,12 +13,12 @@ from dreamer_ver.actor.shipping import SHIPMENT
 from dreamer_ver.core.atomic import StateUnreadable
 from dreamer_ver.config.loading import compose
 from dreamer_ver.cluster.supervisor import USER_ERROR
-from dreamer_ver.logger import service as logger_service
 from dreamer_ver.logger.service import LoggerService
 from dreamer_ver.runtime import logger_process
 from dreamer_ver.runtime.logger_process import serve_logger
 from dreamer_ver.rpc.addresses import free_port
 from dreamer_ver.cluster.signals import StopSignal
+from helpers.storage import full_appends
 
 
 class Clock:
@@ -504,9 +502,7 @@ def test_a_full_disk_met_by_a_scored_episode_is_said_once_and_stops_the_run(
   call: each caller gets a StorageFault, and the run's stop is asked once
   (its supervisor stops the run in order, so batches keep coming until
   then), not a line per refused batch; the logger exits with code 2."""
-  def full(path, _):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-  monkeypatch.setattr(logger_service, 'append_line', full)
+  full_appends(monkeypatch)
   asked = []  # The supervisor's part: it stops the logger last, later.
   monkeypatch.setattr(logger_process, 'stop_for_storage',
                       lambda role, fault, stop, step: asked.append(
@@ -519,7 +515,8 @@ def test_a_full_disk_met_by_a_scored_episode_is_said_once_and_stops_the_run(
             (envid, 0.0, True, False), (envid, 1.0, False, True))).result(10)
   assert result == [USER_ERROR]
   assert len(asked) == 1 and asked[0][0] == 'logger', asked
-  assert asked[0][1].startswith('no space left on device writing '), asked
+  assert asked[0][1].startswith(
+      f'no space left on device writing {tmp_path / "scores.jsonl"} ('), asked
   assert asked[0][2] == 2  # The first batch's two steps; not saved.
   out, err = capfd.readouterr()
   assert 'no space left' not in (out + err).lower(), out + err

@@ -22,7 +22,8 @@ def _start(logdir, steps, output=None, hook=None):
   """The run, a process group of its own (as a shell's job); `output`: a
   file for its output, to read while it runs (else a pipe, read at its
   end); `hook`: a change to the learner in each of its processes
-  (LEARNER_HOOK: 'fault' or 'hold')."""
+  (LEARNER_HOOK: 'fault' or 'hold'), which leaves the marker file
+  `hook_happened` beside the logdir."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
   if hook is not None:
     folder = Path(logdir).parent / 'hook'
@@ -161,14 +162,15 @@ def test_sigterm_stops_everything_quickly_and_the_rerun_resumes(
   """SIGTERM to the run, or to every process of it at once: the children
   stop in the supervisor's order (envs and agent, then the servers that
   save what they sent), none is killed, and a rerun resumes. The signal to
-  every process lands while the learner compiles (`hold`: a compile that
-  never ends, as XLA's cannot be interrupted): the agent saves without
-  waiting for it."""
+  the run lands while it trains; the signal to every process while the
+  learner compiles (`hold`: a compile that never ends, as XLA's cannot be
+  interrupted): the agent saves without waiting for it."""
   logdir, log = tmp_path / 'run', tmp_path / 'output.log'
   proc = _start(logdir, 100_000, output=log, hook='hold' if group else None)
+  started = (lambda: 'First action served' in log.read_text()) if group else (
+      lambda: 'Learner compiled' in log.read_text() and _served(logdir) > 100)
   try:
-    assert _wait_for(lambda: 'First action served' in log.read_text(), 240), (
-        'run never started')
+    assert _wait_for(started, 240), 'run never started'
     children = [_pid(logdir, n) for n in ('env0', 'replay', 'logger')]
     start = time.monotonic()
     _sigterm(proc, group)
@@ -351,9 +353,10 @@ def test_killed_agent_restarts_from_its_checkpoint_and_envs_reconnect(
 
 
 # Every Python process's sitecustomize (through PYTHONPATH): as the agent
-# imports the learner, `$LEARNER_HOOK` changes its Learner: 'fault' raises at the third update of the run (once:
-# the marker file says it happened), 'hold' makes each compile wait forever
-# once done (the marker says one began).
+# imports the learner, `$LEARNER_HOOK` changes its Learner: 'fault' raises
+# at the third update of the run (once: the marker file says it happened),
+# 'hold' makes each compile wait forever once done (the marker says one
+# began).
 LEARNER_HOOK = """
 import importlib.abc, importlib.util, os, sys, threading
 
