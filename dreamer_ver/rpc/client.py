@@ -25,7 +25,8 @@ method" error, which shows they are alive just as well). Quiet for
 `peer_timeout / 6` is reported by name, for `peer_timeout` the link fails
 with PeerStalled -- unless it is a `when_full='drop'` link, on which
 nothing waits: that one only reports (its peer's supervisor restarts a
-server that hangs).
+server that hangs). Time this process itself did not run (the whole run
+SIGSTOPped, its machine suspended) is no silence of the peer's.
 
 Locks: `_send_lock` orders every write to the socket (calls, and the resend
 after a reconnect, so no call is sent twice on one connection); `_cond`
@@ -241,6 +242,7 @@ class _Quiet:
   def __init__(self, client):
     self.client = client
     self.since = time.monotonic()  # The last frame, or the first call after.
+    self.looked = self.since  # The receiver's last look at the clock.
     self.pinged = 0.0
     self.reported = False
     self.stalled = None  # Seconds of silence that ended the link.
@@ -261,11 +263,17 @@ class _Quiet:
 
   def is_set(self):
     client = self.client
+    now = time.monotonic()
+    unseen, self.looked = now - self.looked, now
+    if unseen > max(5.0, 10 * self.poll):
+      # This process did not run (SIGSTOPped with its run, its machine
+      # suspended): no one ran to answer, so that time is no silence. (A
+      # look waits at most a poll, or a connect's 1 s timeouts.)
+      self.since += unseen
     if client._stop.is_set():
       return True
     if client.peer_timeout is None or not client._inflight:
       return False
-    now = time.monotonic()
     silence = now - self.since
     if silence >= client.peer_timeout and client.when_full == 'block':
       self.stalled = silence

@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 import time
+import types
 
 import numpy as np
 import portal
@@ -377,6 +378,44 @@ def test_a_stopped_peer_fails_the_link_by_name_within_peer_timeout(capsys):
     child.kill()
     child.join(5)
     client.close(timeout=2)
+
+
+def test_time_this_process_did_not_run_is_not_the_peers_silence(
+    monkeypatch, capsys):
+  """The whole run SIGSTOPped for longer than peer_timeout (a benchmark's
+  pause, a suspended machine), then continued: the receiver's first look
+  at the clock must not fail the link, as nobody answered because nobody
+  ran. A peer that stays silent afterwards still fails it, after
+  peer_timeout of watched time. A fake clock; `is_set` is what the
+  receiver calls each poll."""
+  clock = types.SimpleNamespace(now=0.0)
+  monkeypatch.setattr(client_module, 'time', types.SimpleNamespace(
+      monotonic=lambda: clock.now))
+  link = types.SimpleNamespace(
+      peer_timeout=6.0, when_full='block', _inflight={1: None},
+      _stop=threading.Event(), name='ToReplay', addr='127.0.0.1:1',
+      _sock=None)  # No socket: no heartbeat is sent.
+  quiet = client_module._Quiet(link)
+  assert quiet.poll == 0.5
+
+  def watch(seconds):
+    """The receiver's polls over `seconds`; the time of the first that
+    says stop, else None."""
+    for _ in range(int(seconds / quiet.poll)):
+      clock.now += quiet.poll
+      if quiet.is_set():
+        return clock.now
+    return None
+
+  assert watch(3.0) is None  # Silent 3 s of 6.
+  clock.now += 600.0  # Stopped with its peer; both continue.
+  assert not quiet.is_set()
+  quiet.check()  # Raises nothing.
+  # Still silent: 3 s before and 3 s after the pause make the stall.
+  assert watch(10.0) == 606.0
+  with pytest.raises(client_module.PeerStalled, match='for 6 s'):
+    quiet.check()
+  assert 'has answered nothing for 1 s' in capsys.readouterr().out
 
 
 def test_a_slow_reply_under_back_pressure_is_not_a_stall():
