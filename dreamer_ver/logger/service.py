@@ -103,6 +103,7 @@ class LoggerService:
     self._step = 0
     self._episodes_done = {'train': 0, 'eval': 0}
     self._open = {}  # envid -> _Episode
+    self._arrived = clock()  # when the last batch came
     self._shipments = {}  # sender -> seq of its newest shipment counted
     self._agg = elements.Agg()  # metrics (means) and parallel/* (sums)
     self._latest = {}  # 'score', 'eval_score', 'fps/train' -> last value
@@ -151,6 +152,7 @@ class LoggerService:
           return {}
         self._shipments[sender] = seq
       now = self.clock()
+      self._resume(now)
       self._seen_eval = self._seen_eval or bool(is_eval.any())
       for i in range(len(envids)):
         envid, evaluating = int(envids[i]), bool(is_eval[i])
@@ -222,6 +224,15 @@ class LoggerService:
         # The episode's mean of each scalar log/ key (e.g. log/episode).
         **{key: total / count for key, (total, count) in episode.logs.items()}}
     append_line(self.scores_path, json.dumps(record))
+
+  def _resume(self, now):
+    """After no batch for the timeout (the run stopped and continued, its
+    machine suspended, its actor restarting), no env was silent while
+    others stepped: the open episodes' clocks skip the pause."""
+    pause, self._arrived = now - self._arrived, now
+    if self.timeout > 0 and pause >= self.timeout:
+      for episode in self._open.values():
+        episode.updated += pause
 
   def _expire(self, now):
     """Drops open episodes of envs that have been silent too long."""

@@ -160,17 +160,41 @@ def test_episode_without_a_seen_start_is_not_logged(tmp_path):
   # Mid-episode rows (the logger restarted): ignored for episodes, counted
   # as steps.
   service.transitions(rows((3, 4.0, False, False), (3, 4.0, False, True)))
-  # Env 4 goes silent longer than the timeout: its episode is dropped.
+  # Env 4 goes silent longer than the timeout while env 0 steps on: its
+  # episode is dropped.
   service.transitions(rows((4, 0.0, True, False), (4, 1.0, False, False)))
-  clock.now += 11
+  clock.now += 6
   service.transitions(rows((0, 0.0, True, False)))
+  clock.now += 5
+  service.transitions(rows((0, 0.0, False, False)))
   clock.now += 1
   service.transitions(rows((4, 1.0, False, True)))
   assert scores(tmp_path) == []
-  assert service.step == 6
+  assert service.step == 7
   record = service.write()
   assert record['parallel/ep_timeout'] == 1
   assert 'episode/score' not in record
+
+
+def test_a_pause_of_the_whole_run_drops_no_open_episode(tmp_path):
+  """Nothing arrived for longer than the timeout (the run SIGSTOPped and
+  continued, its machine suspended, its actor restarting): no env was
+  silent while others stepped, so every open episode goes on."""
+  clock = Clock()
+  service = make_service(tmp_path, clock)
+  service.transitions(rows((0, 0.0, True, False), (1, 0.0, True, False)))
+  clock.now += 1000
+  service.transitions(rows((0, 2.0, False, True)))
+  service.transitions(rows((1, 3.0, False, True)))
+  assert [(s['env'], s['score']) for s in scores(tmp_path)] == [
+      (0, 2.0), (1, 3.0)]
+  # Silent for 11 s while env 0 steps on: dropped.
+  service.transitions(rows((1, 0.0, True, False)))
+  clock.now += 6
+  service.transitions(rows((0, 0.0, True, False)))
+  clock.now += 5
+  service.transitions(rows((0, 0.0, False, False)))
+  assert service.write()['parallel/ep_timeout'] == 1
 
 
 def test_log_keys_averaged_per_episode(tmp_path):
