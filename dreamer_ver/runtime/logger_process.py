@@ -67,7 +67,7 @@ def serve_logger(config, stop=None):
       fault = met(error)
       if fault is None:
         raise
-      raise StorageFault(str(fault)) from error
+      raise fault  # Its cause is `error`.
 
   server = Server(links.addresses['logger'], 'Logger', workers=1,
                   quiet=(StorageFault,), **links.server_kwargs())

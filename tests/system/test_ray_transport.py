@@ -4,12 +4,12 @@ carries checked by value; a bad call errors its caller only; a client that
 closes or dies frees its env id."""
 
 import sys
-import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench.soaks.watch import wait
 from dreamer_ver.inference.server import InferenceServer
 
 ray = pytest.importorskip('ray')
@@ -64,10 +64,8 @@ def test_env_clients_on_ray_workers_are_served_through_ray(server):
   local = env_loop(server.client(), 0, 12)  # beside them, in-process
   for rows in [local] + ray.get(remote, timeout=TIMEOUT):
     assert [want for want, _ in rows] == [got for _, got in rows]
-  deadline = time.monotonic() + TIMEOUT
-  while transport.conns and time.monotonic() < deadline:
-    time.sleep(0.05)
-  assert not transport.conns and transport.disconnects == 3
+  assert wait(lambda: not transport.conns, TIMEOUT, poll=0.05)
+  assert transport.disconnects == 3
 
 
 def test_a_bad_call_errors_its_caller_and_a_dead_client_frees_its_env(server):
@@ -93,17 +91,16 @@ def test_a_bad_call_errors_its_caller_and_a_dead_client_frees_its_env(server):
   assert taken.value.kind == 'EnvIdTaken'  # what an env waits on
   # ... and loses it `expire` (2 s) after its last call, once the server
   # sweeps; others are served.
-  deadline = time.monotonic() + TIMEOUT
-  while True:
-    time.sleep(0.5)
+  def freed():
     try:
       other.call({'x': np.float32(2), 'is_first': np.bool_(True),
                   'envid': np.int64(4)}, timeout=TIMEOUT)
-      break
     except RuntimeError as error:
-      if getattr(error, 'kind', None) != 'EnvIdTaken' or (
-          time.monotonic() > deadline):
+      if getattr(error, 'kind', None) != 'EnvIdTaken':
         raise
+      return False
+    return True
+  assert wait(freed, TIMEOUT), 'env id 4 was never freed'
   rows = env_loop(other, 4, 3)
   assert [want for want, _ in rows] == [got for _, got in rows]
   rows = env_loop(bad, 5, 3)  # the client whose call was refused, too
