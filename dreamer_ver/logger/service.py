@@ -190,7 +190,7 @@ class LoggerService:
           self._count('parallel/ep_ends')
           del self._open[envid]
           self._finish(envid, episode, now)
-      self._expire(now)
+      self._expire()
     return {}
 
   def _should_record(self, evaluating, now):
@@ -234,13 +234,15 @@ class LoggerService:
       for episode in self._open.values():
         episode.updated += pause
 
-  def _expire(self, now):
-    """Drops open episodes of envs that have been silent too long."""
+  def _expire(self):
+    """Drops the open episodes of envs silent for the timeout while batches
+    kept coming: measured to the last batch, not to the clock, as a pause
+    of the whole run is no env's silence (`_resume`)."""
     if self.timeout <= 0:
       return
     for envid in [
         envid for envid, episode in self._open.items()
-        if now - episode.updated >= self.timeout]:
+        if self._arrived - episode.updated >= self.timeout]:
       del self._open[envid]
       self._count('parallel/ep_timeout')
 
@@ -301,7 +303,7 @@ class LoggerService:
     arrived)."""
     with self._lock:
       now = self.clock()
-      self._expire(now)
+      self._expire()
       scalars = {key: np.asarray(value).item()
                  for key, value in self._agg.result(reset=True).items()}
       videos, self._videos = self._videos, {}

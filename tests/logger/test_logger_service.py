@@ -184,6 +184,7 @@ def test_a_pause_of_the_whole_run_drops_no_open_episode(tmp_path):
   service = make_service(tmp_path, clock)
   service.transitions(rows((0, 0.0, True, False), (1, 0.0, True, False)))
   clock.now += 1000
+  service.write()  # The logger's clock comes first after the pause.
   service.transitions(rows((0, 2.0, False, True)))
   service.transitions(rows((1, 3.0, False, True)))
   assert [(s['env'], s['score']) for s in scores(tmp_path)] == [
