@@ -49,6 +49,14 @@ def pytest_configure(config):
     os.environ['XLA_FLAGS'] = FAST_XLA_FLAGS
 
 
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one and a half workers per core. A fast-tier worker waits
+  for a fifth of its time (helper processes starting, servers' timeouts),
+  so one per core leaves the cores idle: on a 2-core AMD EPYC the tier
+  took 196-211 s on 2 workers, 167 s on 3 and 168 s on 4."""
+  return max(2, (os.cpu_count() or 1) * 3 // 2)
+
+
 def pytest_ignore_collect(collection_path, config):
   """Leaves out tests/system unless a command-line path lies inside it."""
   if collection_path.resolve() != SYSTEM:
