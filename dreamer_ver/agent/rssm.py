@@ -43,8 +43,9 @@ def embed_action(act_space, action):
   return x / sg(jnp.maximum(1.0, jnp.abs(x)))
 
 
-class Encoder(nn.Module):
-  """Observations [*B, ...] -> tokens [*B, N]: MLP on vectors, CNN on images."""
+class ObsNet(nn.Module):
+  """What the encoder and decoder share: the observation space, split into
+  vector and image keys, and the sizes of their MLP and CNN."""
   obs_space: dict
   units: int = 1024
   layers: int = 3
@@ -53,13 +54,21 @@ class Encoder(nn.Module):
   kernel: int = 5
   act: str = 'silu'
   norm: str = 'rms'
-  symlog: bool = True
   dtype: jnp.dtype = f32
+
+  def keys(self):
+    """(vector keys, image keys), each sorted."""
+    images = {k for k, s in self.obs_space.items() if nets.is_image(s)}
+    return sorted(set(self.obs_space) - images), sorted(images)
+
+
+class Encoder(ObsNet):
+  """Observations [*B, ...] -> tokens [*B, N]: MLP on vectors, CNN on images."""
+  symlog: bool = True
 
   @nn.compact
   def __call__(self, obs, bdims):
-    vec_keys = sorted(k for k, s in self.obs_space.items() if not nets.is_image(s))
-    img_keys = sorted(k for k, s in self.obs_space.items() if nets.is_image(s))
+    vec_keys, img_keys = self.keys()
     bshape = next(iter(obs.values())).shape[:bdims]
     outs = []
     if vec_keys:
@@ -241,24 +250,14 @@ class RSSM(nn.Module):
     return self.prior(feat['deter'])
 
 
-class Decoder(nn.Module):
+class Decoder(ObsNet):
   """Features {deter, stoch} [*B, ...] -> dict of reconstruction dists."""
-  obs_space: dict
-  units: int = 1024
-  layers: int = 3
-  depth: int = 64
-  mults: tuple = (2, 3, 4, 4)
-  kernel: int = 5
-  act: str = 'silu'
-  norm: str = 'rms'
   outscale: float = 1.0
   bspace: int = 8
-  dtype: jnp.dtype = f32
 
   @nn.compact
   def __call__(self, feat, bdims):
-    vec_keys = sorted(k for k, s in self.obs_space.items() if not nets.is_image(s))
-    img_keys = sorted(k for k, s in self.obs_space.items() if nets.is_image(s))
+    vec_keys, img_keys = self.keys()
     bshape = feat['deter'].shape[:bdims]
     deter = feat['deter'].reshape((-1, feat['deter'].shape[-1]))
     stoch = feat['stoch'].reshape((deter.shape[0], -1))
