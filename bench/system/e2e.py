@@ -97,8 +97,12 @@ def command(system, args, task, logdir):
   if blank_render(task, env):
     env['UPSTREAM_BLANK_RENDER'] = '1'
   # Upstream's default outputs include `scope`, a viewer's format: JSONL
-  # alone, as ours writes.
-  return ([sys.executable, str(main), *common, '--logger.outputs=jsonl'],
+  # alone, as ours writes. Its default `jax.profiler` traces updates 100
+  # to 120; on the CPU its stop_trace never returned and the process grew
+  # until the kernel killed it (docs/benchmarks.md, e2e section): off, as
+  # ours is unless asked.
+  return ([sys.executable, str(main), *common, '--logger.outputs=jsonl',
+           '--jax.profiler=False'],
           {**upstreamlib.environ(args.upstream, args.site), **{
               k: v for k, v in env.items() if k != 'PYTHONPATH'}})
 

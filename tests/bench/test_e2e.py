@@ -81,3 +81,20 @@ def test_a_run_without_a_second_training_window_has_no_training_rate():
   result = e2e.summarize(lines, batch_steps=32, seconds=20.0, window=15.0)
   assert result['first_update_s'] == 20.0
   assert result['training_updates_per_s'] is None
+
+
+def test_upstream_runs_without_its_default_profiler(tmp_path):
+  """Upstream's `jax.profiler` (on by default) traces updates 100 to 120;
+  on the CPU its stop_trace stalled the learner for good and grew the
+  process to 20 GB until the kernel killed it (1,306 env steps and about
+  112 updates in every 10- and 30-minute run at train ratio 1024). Ours
+  profiles nothing unless asked, so upstream runs with it off."""
+  class Args:
+    upstream, site, size, seed = str(tmp_path), '', 'size1m', 0
+    envs, train_ratio = 4, 1024
+    batch_size, batch_length, log_every = 16, 64, 15
+    platform, dtype = 'cpu', 'float32'
+  argv, _ = e2e.command('upstream', Args, 'dmc_cartpole_balance', tmp_path)
+  assert argv.count('--jax.profiler=False') == 1
+  ours, _ = e2e.command('ours', Args, 'dmc_cartpole_balance', tmp_path)
+  assert not any('profiler' in arg for arg in ours)
