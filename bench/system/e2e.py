@@ -96,13 +96,13 @@ def command(system, args, task, logdir):
   main = Path(args.upstream) / 'dreamerv3' / 'main.py'
   if blank_render(task, env):
     env['UPSTREAM_BLANK_RENDER'] = '1'
+  # Its default `jax.profiler` traces updates 100 to 120; on the CPU its
+  # stop_trace never returned and the process grew until the kernel killed
+  # it (docs/benchmarks.md, e2e section): off, as ours is unless asked.
+  env['UPSTREAM_NO_PROFILER'] = '1'
   # Upstream's default outputs include `scope`, a viewer's format: JSONL
-  # alone, as ours writes. Its default `jax.profiler` traces updates 100
-  # to 120; on the CPU its stop_trace never returned and the process grew
-  # until the kernel killed it (docs/benchmarks.md, e2e section): off, as
-  # ours is unless asked.
-  return ([sys.executable, str(main), *common, '--logger.outputs=jsonl',
-           '--jax.profiler=False'],
+  # alone, as ours writes.
+  return ([sys.executable, str(main), *common, '--logger.outputs=jsonl'],
           {**upstreamlib.environ(args.upstream, args.site), **{
               k: v for k, v in env.items() if k != 'PYTHONPATH'}})
 
@@ -407,6 +407,8 @@ def main():
   parser.add_argument('--setup', action='store_true',
                       help="install upstream's extra packages into --site")
   parser.add_argument('--tasks', nargs='+', default=['dummy_disc'])
+  parser.add_argument('--systems', nargs='+', choices=SYSTEMS,
+                      default=list(SYSTEMS), help='which to run')
   parser.add_argument('--minutes', type=float, default=15.0)
   parser.add_argument('--rounds', type=int, default=2)
   parser.add_argument('--size', default='size1m')
@@ -449,7 +451,7 @@ def main():
     skipped = 'no upstream source given (--upstream SRC)'
   elif not (Path(args.upstream) / 'dreamerv3' / 'main.py').exists():
     skipped = f'{args.upstream} has no dreamerv3/main.py'
-  systems = ['ours'] if skipped else list(SYSTEMS)
+  systems = ['ours'] if skipped else args.systems
   if skipped:
     print(f'upstream skipped: {skipped}', flush=True)
   with tempfile.TemporaryDirectory(prefix='e2e_') as temp:

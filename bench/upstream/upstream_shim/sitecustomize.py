@@ -10,8 +10,14 @@ frame instead: upstream's dmc wrapper renders every step even where the
 frame is only logged (`log/image` on proprio tasks), and a machine with no
 OpenGL (MUJOCO_GL=disable) would stop it at the first step. The bench sets
 it only for proprio tasks there; it makes upstream's env steps cheaper, not
-dearer."""
+dearer.
 
+With UPSTREAM_NO_PROFILER=1, `jax.profiler` defaults to off: upstream's
+default traces updates 100 to 120, and on the CPU its stop_trace never
+returned (docs/benchmarks.md, e2e section); its flags cannot turn it off,
+since configs.yaml has no such key."""
+
+import dataclasses
 import importlib.abc
 import importlib.util
 import os
@@ -37,14 +43,15 @@ def _blank_render(self, height=240, width=320, *args, **kwargs):
   return np.zeros((height, width, 3), np.uint8)
 
 
-class _BlankRender(importlib.abc.MetaPathFinder):
-  """Patches dm_control's Physics as its module loads, so that importing
-  this file costs nothing where dm_control is never imported."""
+class _OnLoad(importlib.abc.MetaPathFinder):
+  """Patches a module as it loads (`patch(module)`), so that importing
+  this file costs nothing where that module is never imported."""
 
-  MODULE = 'dm_control.mujoco.engine'
+  def __init__(self, name, patch):
+    self.name, self.patch = name, patch
 
   def find_spec(self, name, path=None, target=None):
-    if name != self.MODULE:
+    if name != self.name:
       return None
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(name)
@@ -52,11 +59,23 @@ class _BlankRender(importlib.abc.MetaPathFinder):
 
     def exec_module(module):
       load(module)
-      module.Physics.render = _blank_render
+      self.patch(module)
 
     spec.loader.exec_module = exec_module
     return spec
 
 
+def _no_profiler(module):
+  """Agent options whose `profiler` defaults to False (the agent reads the
+  module's `Options` when it is built)."""
+  module.Options = dataclasses.make_dataclass(
+      'Options', [('profiler', bool, dataclasses.field(default=False))],
+      bases=(module.Options,))
+
+
 if os.environ.get('UPSTREAM_BLANK_RENDER') == '1':
-  sys.meta_path.insert(0, _BlankRender())
+  sys.meta_path.insert(0, _OnLoad(
+      'dm_control.mujoco.engine',
+      lambda module: setattr(module.Physics, 'render', _blank_render)))
+if os.environ.get('UPSTREAM_NO_PROFILER') == '1':
+  sys.meta_path.insert(0, _OnLoad('embodied.jax.agent', _no_profiler))
