@@ -48,6 +48,13 @@ checkout; `--upstream_site`: the folder `bench/upstream/upstream.py` installed
 upstream's extra packages into) and reports ours / upstream in updates
 per second (`speedup_vs_upstream`, each variant's own).
 
+`--against REV` times our own learner at another commit of this
+repository in the same rounds (its files from `git archive`, built by its
+own `make` in `learner_at.py`, a child process on our allocator), the two
+sides taking turns to go first, and adds `against` to each base row: its
+ms per update, its scan body ops and `speedup` (its ms / ours). This is
+how a change to the update is measured alone.
+
 Our process runs on the host allocator the runtime gives a CPU process
 (`jax.malloc`: mimalloc; `--malloc` to compare, the bench starts again
 with it); upstream runs as shipped (glibc) unless `--upstream_malloc`
@@ -233,27 +240,22 @@ def profile(run, steps, top=12):
                   for n, (ms, c) in ops]}
 
 
-class Upstream:
-  """upstream_learner.py on this interpreter, compiled and waiting for
-  rounds."""
+class Child:
+  """A learner in a child process on this interpreter (upstream's, or ours
+  at another commit), compiled and waiting for rounds: it prints one JSON
+  line when ready, then one with the seconds per update for each `go`."""
 
-  def __init__(self, src, site, size, dtype, batch, length, steps,
-               malloc='glibc'):
-    script = Path(upstreamlib.__file__).with_name('upstream_learner.py')
-    backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
-    env = {k: v for k, v in upstreamlib.environ(src, site).items()
-           if k not in devices.MALLOC_VARS}  # not ours: its own
+  def __init__(self, argv, env):
+    quiet = jax.default_backend() == 'cpu'
     self.proc = subprocess.Popen(
-        [sys.executable, str(script), src, size, dtype, str(batch),
-         str(length), str(steps), backend],
-        stdin=subprocess.PIPE,
+        [sys.executable, *argv], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True,
-        stderr=subprocess.DEVNULL if backend == 'cpu' else None,
-        env={**env, **devices.malloc_env(malloc), 'JAX_PLATFORMS': backend})
+        stderr=subprocess.DEVNULL if quiet else None, env=env)
 
   def ready(self):
-    """Waits for the compile; RuntimeError if upstream failed."""
-    self._read()  # {'ready': true}
+    """Waits for the compile and returns the ready line; RuntimeError if
+    the child failed."""
+    return self._read()
 
   def time_round(self):
     self.proc.stdin.write('go\n')
@@ -264,11 +266,44 @@ class Upstream:
     for line in self.proc.stdout:  # upstream prints its own lines too
       if line.startswith('{'):
         return json.loads(line)
-    raise RuntimeError(f'upstream_learner.py exited with {self.proc.wait()}')
+    raise RuntimeError(f'{self.proc.args[1]} exited with {self.proc.wait()}')
 
   def close(self):
     self.proc.stdin.close()
     self.proc.wait()
+
+
+def upstream_child(src, site, size, dtype, batch, length, steps, malloc):
+  """upstream_learner.py with upstream's allocator `malloc`."""
+  script = Path(upstreamlib.__file__).with_name('upstream_learner.py')
+  backend = 'cpu' if jax.default_backend() == 'cpu' else 'cuda'
+  env = {k: v for k, v in upstreamlib.environ(src, site).items()
+         if k not in devices.MALLOC_VARS}  # not ours: its own
+  return Child(
+      [str(script), src, size, dtype, str(batch), str(length), str(steps),
+       backend],
+      {**env, **devices.malloc_env(malloc), 'JAX_PLATFORMS': backend})
+
+
+def checkout(rev):
+  """(commit, folder): this repository's files at `rev`, from `git
+  archive` into a temporary folder."""
+  repo = Path(__file__).resolve().parents[2]
+  git = lambda *a, **k: subprocess.run(
+      ['git', '-C', str(repo), *a], check=True, capture_output=True, **k)
+  commit = git('rev-parse', '--short', rev, text=True).stdout.strip()
+  folder = tempfile.mkdtemp(prefix=f'learner_at_{commit}_')
+  subprocess.run(['tar', '-x', '-C', folder], check=True,
+                 input=git('archive', commit).stdout)
+  return commit, folder
+
+
+def against_child(folder, size, dtype, batch, length, steps):
+  """learner_at.py: our learner as the files in `folder` build it, on
+  this process's environment (and so its allocator)."""
+  script = Path(__file__).with_name('learner_at.py')
+  return Child([str(script), folder, size, dtype, str(batch), str(length),
+                str(steps)], dict(os.environ))
 
 
 def main():
@@ -290,6 +325,9 @@ def main():
   parser.add_argument('--upstream_site', metavar='DIR',
                       help="upstream's extra packages (bench/upstream/upstream.py); "
                       'none: they are importable already')
+  parser.add_argument('--against', metavar='REV',
+                      help='our learner at another commit of this '
+                      'repository, timed in the same rounds (base only)')
   parser.add_argument('--floor', action=argparse.BooleanOptionalAction,
                       default=True, help='time the matmul floor (one '
                       'compile per product: minutes on a GPU)')
@@ -315,12 +353,17 @@ def main():
     variant(name)  # an unknown one fails before anything compiles
   keys = [(size, dtype, name) for size in args.sizes for dtype in args.dtypes
           for name in variants]
-  upstream = {}
-  for size in args.sizes if args.upstream else ():  # compiles meanwhile
+  children = {}  # (size, dtype, 'upstream' | 'against') -> Child
+  against = checkout(args.against) if args.against else None
+  for size in args.sizes:  # they compile meanwhile
     for dtype in args.dtypes:
-      upstream[size, dtype] = Upstream(
-          args.upstream, args.upstream_site, size, dtype, args.batch,
-          args.length, args.steps, args.upstream_malloc)
+      if args.upstream:
+        children[size, dtype, 'upstream'] = upstream_child(
+            args.upstream, args.upstream_site, size, dtype, args.batch,
+            args.length, args.steps, args.upstream_malloc)
+      if against:
+        children[size, dtype, 'against'] = against_child(
+            against[1], size, dtype, args.batch, args.length, args.steps)
   began = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     futures = {key: pool.submit(make, *key[:2], args.batch, args.length,
@@ -331,34 +374,43 @@ def main():
       print(f'compiled {"/".join(key)} at '
             f'{time.perf_counter() - began:.0f} s', flush=True)
     runs = {key: futures[key].result() for key in keys}
-  for key, proc in list(upstream.items()):
+  ready = {}
+  for key, child in list(children.items()):
     try:
-      proc.ready()
-      print(f'upstream {"/".join(key)} compiled at '
+      ready[key] = child.ready()
+      print(f'{"/".join(key)} compiled at '
             f'{time.perf_counter() - began:.0f} s', flush=True)
     except RuntimeError as e:  # ours is still measured
-      print(f'upstream {key}: {e}', flush=True)
-      del upstream[key]
+      print(f'{key}: {e}', flush=True)
+      del children[key]
   for key, run in runs.items():  # warm-up: first-touch pages, caches
     time_updates(run, args.steps)
     run['faults'].clear()
-    if key[2] == 'base' and key[:2] in upstream:
-      upstream[key[:2]].time_round()
+  for key, child in children.items():
+    child.time_round()
   peak_n = 2048 if jax.default_backend() == 'cpu' else 8192
   measured = {
       'peaks': {d: matmul_peak(d, peak_n) for d in args.dtypes},
       'floors': {key: matmul_floor(run['ops']) if args.floor else math.nan
                  for key, run in runs.items() if 'ops' in run},
       'times': {key: [] for key in runs},
-      'theirs': {key: [] for key in upstream}, 'profiles': {}}
-  for _ in range(args.rounds):
+      'theirs': {key: [] for key in children}, 'profiles': {},
+      'against': against and {'commit': against[0], 'scan_body_ops': {
+          key[:2]: line.get('scan_ops') for key, line in ready.items()
+          if key[2] == 'against'}}}
+  for round in range(args.rounds):
     for key, run in runs.items():
-      measured['times'][key].append(time_updates(run, args.steps))
-      if key[2] == 'base' and key[:2] in upstream:
-        measured['theirs'][key[:2]].append(upstream[key[:2]].time_round())
+      sides = [(key, run)] + [
+          (k, child) for k, child in children.items()
+          if key[2] == 'base' and k[:2] == key[:2]]
+      for k, side in sides[::-1] if round % 2 else sides:  # A B, B A, ...
+        if k in runs:
+          measured['times'][k].append(time_updates(side, args.steps))
+        else:
+          measured['theirs'][k].append(side.time_round())
     write(args, runs, measured, peak_n)
-  for proc in upstream.values():
-    proc.close()
+  for child in children.values():
+    child.close()
   for key, run in runs.items():
     if args.profile and key[2] == 'base':
       measured['profiles'][key] = profile(run, args.steps)
@@ -395,11 +447,20 @@ def write(args, runs, measured, peak_n):
         'fraction_of_peak_at_floor': round(
             base['flops'] / floor / peaks[dtype], 3),
     })
-    if theirs.get((size, dtype)):
-      upstream_seconds = float(np.median(theirs[size, dtype]))
+    if theirs.get((size, dtype, 'upstream')):
+      upstream_seconds = float(np.median(theirs[size, dtype, 'upstream']))
       rows[-1]['upstream_ms_per_update'] = [
-          round(t * 1e3, 1) for t in theirs[size, dtype]]
+          round(t * 1e3, 1) for t in theirs[size, dtype, 'upstream']]
       rows[-1]['speedup_vs_upstream'] = round(upstream_seconds / seconds, 2)
+    if name == 'base' and theirs.get((size, dtype, 'against')):
+      at = measured['against']
+      rows[-1]['against'] = {
+          'commit': at['commit'],
+          'ms_per_update': [round(t * 1e3, 1)
+                            for t in theirs[size, dtype, 'against']],
+          'scan_body_ops': at['scan_body_ops'].get((size, dtype)),
+          'speedup': round(float(np.median(
+              theirs[size, dtype, 'against'])) / seconds, 3)}
     if (size, dtype, name) in measured['profiles']:
       rows[-1]['profile'] = measured['profiles'][size, dtype, name]
   result = {

@@ -90,19 +90,19 @@ class Linear(nn.Module):
 def block_product(x, kernel):
   """[..., g, i] x [g, i, o] -> [..., g * o]: one product per block.
 
-  XLA:CPU runs a batched `dot_general` (what an einsum over the blocks
-  becomes) at about half the speed of the same g products done one by one
-  (docs/benchmarks.md, `learner_bench.py`), so CPU gets the loop and
-  other backends the einsum. Both compute the same values.
+  On CPU the blocks axis is moved first and `x` is the left operand, so
+  XLA:CPU hands the batched product (and its input's gradient) to its
+  YNNPACK kernels; an einsum puts the kernel first, and XLA:CPU runs the
+  [g, o, ...] product that makes as a generic, slower dot
+  (docs/benchmarks.md, `learner_bench.py`). Other backends get the
+  einsum. Both compute the same values.
   """
   if jax.default_backend() == 'cpu':
-    # Split, not slice: the gradient of a split is one concatenate, that of
-    # g slices is g zero-padded copies of the kernel summed.
-    g = kernel.shape[0]
-    xs = jax.lax.split(x, [1] * g, axis=x.ndim - 2)
-    ks = jax.lax.split(kernel, [1] * g, axis=0)
-    return jnp.concatenate([a[..., 0, :] @ k[0] for a, k in zip(xs, ks)], -1)
-  x = jnp.einsum('...gi,gio->...go', x, kernel)
+    x = jnp.moveaxis(x, -2, 0)
+    x = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (1,)), ((0,), (0,))))
+    x = jnp.moveaxis(x, 0, -2)
+  else:
+    x = jnp.einsum('...gi,gio->...go', x, kernel)
   return x.reshape((*x.shape[:-2], -1))
 
 

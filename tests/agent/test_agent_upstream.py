@@ -116,7 +116,8 @@ def _rssm_core_reference(p, deter, stoch, action, blocks):
 def test_rssm_core_is_upstreams_block_gru(backend, monkeypatch):
   # The core never builds upstream's per-block copies of the inputs (the
   # shared rows of the first block layer are one dense product) and runs
-  # the blocks one by one on CPU, one einsum elsewhere: all the same step.
+  # the blocks as one product, blocks first on CPU and one einsum
+  # elsewhere: all the same step.
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
   blocks = 4
   dyn = rssm.RSSM({'action': elements.Space(np.int32, (), 0, 3)}, deter=32,
@@ -136,6 +137,31 @@ def test_rssm_core_is_upstreams_block_gru(backend, monkeypatch):
   want = _rssm_core_reference(params, deter, stoch, action, blocks)
   np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-5)
   assert np.abs(want - deter).max() > 0.1  # The step moved the state.
+
+
+def test_block_products_and_their_gradients_are_the_same_on_every_backend(
+    monkeypatch):
+  # CPU's blocks-first product and the einsum other backends run: the same
+  # values and the same gradients for the input and the kernel, at the
+  # observe scan's rank ([B, g, i]) and the heads' ([B, T, g, i]).
+  rng = np.random.default_rng(0)
+  kernel = jnp.asarray(rng.normal(size=(4, 3, 5)), jnp.float32)
+  for shape in [(6, 4, 3), (2, 6, 4, 3)]:
+    x = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    weights = jnp.asarray(rng.normal(size=(*shape[:-2], 20)), jnp.float32)
+    loss = lambda x, k: (jnp.tanh(nets.block_product(x, k)) * weights).sum()
+    results = {}
+    for backend in ('cpu', 'gpu'):
+      monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+      with jax.default_matmul_precision('highest'):
+        results[backend] = (nets.block_product(x, kernel),
+                            *jax.grad(loss, (0, 1))(x, kernel))
+    want = np.einsum('...gi,gio->...go', np.float64(x), np.float64(kernel))
+    np.testing.assert_allclose(
+        results['cpu'][0], want.reshape((*shape[:-2], 20)), rtol=1e-5,
+        atol=1e-5)
+    for ours, theirs in zip(results['cpu'], results['gpu']):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_latent_samples_follow_the_probabilities():

@@ -1,12 +1,16 @@
 """bench/learner/learner_bench.py's inputs: walker's spaces without
 dm_control, and random batches that stay inside any task's spaces."""
 
+import shutil
+import subprocess
 import types
+from pathlib import Path
 
 import numpy as np
 
 from bench.learner import learner_bench
 from dreamer_ver.envs import make_env
+from helpers import ROOT
 
 
 def test_walkers_spaces_need_no_dm_control():
@@ -36,3 +40,23 @@ def test_random_batches_fill_every_space_within_its_range():
   # Discrete actions are drawn over their classes, not left at zero.
   assert len(np.unique(batch['act_disc'])) > 1
   assert batch['dyn/deter'].shape == (2, 5, 8)
+
+
+def test_against_checks_out_the_commits_own_files():
+  # `--against REV` builds the learner from REV's files: its folder holds
+  # what git has at that commit, not the working tree's.
+  git = lambda *a: subprocess.run(['git', '-C', str(ROOT), *a], check=True,
+                                  capture_output=True).stdout
+  first = git('rev-list', '--max-parents=0', 'HEAD').split()[0].decode()
+  commit, folder = learner_bench.checkout(first)
+  try:
+    assert first.startswith(commit)
+    names = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob('*')
+                   if p.is_file())
+    assert names == sorted(git('ls-tree', '-r', '--name-only', first)
+                           .decode().split())
+    for name in names[:20]:
+      assert (Path(folder) / name).read_bytes() == git(
+          'show', f'{first}:{name}')
+  finally:
+    shutil.rmtree(folder)
