@@ -38,7 +38,9 @@ Variants (`--variants`), the same updates made faster, each timed in the
 same rounds and reported against `base` (`x_base`): `unrollN` unrolls the
 RSSM's observe and imagine scans N steps (`agent.scan_unroll`), `fuseK`
 makes K updates in one compiled call (`Agent.train_many`, the learner's
-`run.train_fuse`), `unrollN-fuseK` both. Their numbers equal base's
+`run.train_fuse`), `steps` takes the observe scan's parameter gradient
+step by step (`agent.scan_grads steps`), and they join with `-`
+(`unroll4-fuse4`). Their numbers equal base's
 (tests/agent/test_train_variants.py); FLOPs and the floor are base's.
 
 `--upstream SRC` times upstream DreamerV3's `train` at the same
@@ -137,22 +139,29 @@ def random_batch(agent, B, T, seed):
 
 
 def variant(name):
-  """'base', 'unroll4', 'fuse4', 'unroll4-fuse4' -> (unroll, fuse)."""
-  knobs = {'unroll': 1, 'fuse': 1}
+  """'base', 'unroll4', 'fuse4', 'steps', 'unroll4-fuse4', ... -> config
+  overrides and fuse."""
+  knobs = {'unroll': 1, 'fuse': 1, 'steps': False}
   for part in [] if name == 'base' else name.split('-'):
-    match = re.fullmatch(r'(unroll|fuse)([0-9]+)', part)
+    match = re.fullmatch(r'(unroll|fuse)([0-9]+)|(steps)', part)
     if not match:
       raise ValueError(f'unknown variant {name!r} (base, unrollN, fuseK, '
-                       'unrollN-fuseK)')
-    knobs[match[1]] = int(match[2])
-  return knobs['unroll'], knobs['fuse']
+                       'steps, joined by -)')
+    if match[3]:
+      knobs['steps'] = True
+    else:
+      knobs[match[1]] = int(match[2])
+  overrides = {'agent.scan_unroll': knobs['unroll']}
+  if knobs['steps']:
+    overrides['agent.scan_grads'] = 'steps'
+  return overrides, knobs['fuse']
 
 
 def make(size, dtype, batch, length, name='base', task=''):
-  unroll, fuse = variant(name)
+  overrides, fuse = variant(name)
   config = configlib.compose(['dmc_proprio', size], {
       'jax.compute_dtype': dtype, 'batch_size': batch,
-      'batch_length': length, 'agent.scan_unroll': unroll,
+      'batch_length': length, **overrides,
       **({'task': task} if task else {})})
   # A task's agent as the runtime builds it (its env's spaces).
   agent = build_agent(config) if task else Agent(*spaces(), config)
@@ -169,14 +178,14 @@ def make(size, dtype, batch, length, name='base', task=''):
   compiled = train.lower(state, carry, batches[0]).compile()
   run = {'agent': agent, 'train': compiled, 'fuse': fuse, 'batches': batches,
          'params': Agent.param_count(state['params'])}
+  loops = scan_body_ops(compiled.as_text())
+  trips = {'observe': length, 'imagine': config.agent.imag_length}
+  run['scan_ops'] = {scan: [ops for trip, ops in loops if trip == n]
+                     for scan, n in trips.items()}
   if name == 'base':
     jaxpr = jax.make_jaxpr(agent._train)(state, carry, batches[0])
     run['ops'] = matmul_ops(jaxpr.jaxpr)
     run['flops'] = total_flops(run['ops'])
-    loops = scan_body_ops(compiled.as_text())
-    trips = {'observe': length, 'imagine': config.agent.imag_length}
-    run['scan_ops'] = {name: [ops for trip, ops in loops if trip == n]
-                       for name, n in trips.items()}
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     run['xla_flops_scan_once'] = float(cost.get('flops', 0))
@@ -311,7 +320,7 @@ def main():
   parser.add_argument('--sizes', nargs='+', default=['size1m', 'size12m'])
   parser.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'])
   parser.add_argument('--variants', nargs='+', default=['base'],
-                      help='base, unrollN, fuseK, unrollN-fuseK')
+                      help='base, unrollN, fuseK, steps, joined by - (unroll4-fuse4)')
   parser.add_argument('--batch', type=int, default=16)
   parser.add_argument('--length', type=int, default=64)
   parser.add_argument('--task', default='',
@@ -438,7 +447,7 @@ def write(args, runs, measured, peak_n):
                         seconds, 3),
         'gflop_per_update': float(f"{base['flops'] / 1e9:.3g}"),
         'xla_gflop_scan_once': float(f"{base['xla_flops_scan_once'] / 1e9:.3g}"),
-        'scan_body_ops': base['scan_ops'],
+        'scan_body_ops': run['scan_ops'],
         'gflop_per_s': round(base['flops'] / seconds / 1e9, 1),
         'fraction_of_matmul_peak': round(
             base['flops'] / seconds / peaks[dtype], 3),

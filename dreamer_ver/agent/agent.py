@@ -85,6 +85,7 @@ class Agent:
     self.init_params = jax.jit(self._init_params)
     self.policy = jax.jit(self.policy_step, static_argnames=('mode',))
     self.unroll = int(cfg.scan_unroll)
+    self.scan_grads = cfg.scan_grads
     self.train = jax.jit(self._train, donate_argnums=(0,))
     self.train_many = jax.jit(self._train_many, donate_argnums=(0,))
     self.report = jax.jit(self._report)
@@ -160,7 +161,7 @@ class Agent:
         {'params': params['dyn']}, *args, method=method)
     inputs = dyn(self.dyn.obs_inputs, prev, tokens, reset)
     state, feat = dyn(self.dyn.obs_step, self._rssm_carry(carry), inputs,
-                      reset, dyn_key)
+                      reset, self.dyn.draws(dyn_key, reset.shape[0]))
     policy = self.pol.apply({'params': params['pol']}, self._featvec(feat))
     if mode == 'greedy':
       act = {k: d.mode() for k, d in policy.items()}
@@ -310,18 +311,26 @@ class Agent:
     tokens = self.enc.apply({'params': params['enc']}, obs, 2)
     act = rssm.embed_action(self.act_space, prevact)
     reset = obs['is_first'].astype(bool)
-    T = tokens.shape[1]
+    B, T = tokens.shape[:2]
     dyn = lambda method, *args: self.dyn.apply(
         {'params': params['dyn']}, *args, method=method)
     # The products of the actions and tokens, over all B x T rows at once.
     inputs = dyn(self.dyn.obs_inputs, act, tokens, reset)
+    draws = jax.vmap(lambda k: self.dyn.draws(k, B))(jax.random.split(key, T))
 
-    def step(carry, xs):
-      return dyn(self.dyn.obs_step, carry, *xs)
+    def step(params, carry, inputs, fixed):
+      return self.dyn.apply({'params': params}, carry, inputs, *fixed,
+                            method=self.dyn.obs_step)
 
     swap = lambda x: jnp.swapaxes(x, 0, 1)
-    xs = (jax.tree.map(swap, inputs), swap(reset), jax.random.split(key, T))
-    carry, feat = jax.lax.scan(step, start, xs, unroll=self.unroll)
+    xs, fixed = jax.tree.map(swap, inputs), (swap(reset), draws)
+    if self.scan_grads == 'rows':
+      carry, feat = nets.scan_rows(
+          step, params['dyn'], start, xs, fixed, unroll=self.unroll)
+    else:
+      carry, feat = jax.lax.scan(
+          lambda c, x: step(params['dyn'], c, *x), start, (xs, fixed),
+          unroll=self.unroll)
     return carry, jax.tree.map(swap, feat)
 
   def _imagine(self, params, start, key):

@@ -19,17 +19,22 @@ def _sum_last(x, dims):
   return x.sum(tuple(range(-dims, 0))) if dims else x
 
 
-def sample_index(key, probs):
-  """Class indices [...] drawn from `probs` [..., classes] by inverse CDF.
+def sample_index(uniform, probs):
+  """Class indices [...] drawn from `probs` [..., classes] by inverse CDF,
+  each from its own number of `uniform` [..., 1] (`draws`).
 
   One uniform number per draw, where `jax.random.categorical` draws Gumbel
   noise for every class: on CPU the random bits dominate the cost of
   sampling, so this is about 2x faster for 4 classes and 4x for 16.
   """
-  uniform = jax.random.uniform(key, (*probs.shape[:-1], 1))
   cdf = jnp.cumsum(sg(probs), -1)
   index = (cdf <= uniform).sum(-1)  # A rounding-short cdf can reach `classes`.
   return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def draws(key, probs_shape):
+  """The uniform numbers `sample_index` reads for probs of this shape."""
+  return jax.random.uniform(key, (*probs_shape[:-1], 1))
 
 
 def mix_uniform(logits, unimix):
@@ -59,7 +64,11 @@ class OneHot:
     self.event_dims = event_dims
 
   def sample(self, key):
-    index = sample_index(key, self.probs)
+    return self.sample_from(draws(key, self.probs.shape))
+
+  def sample_from(self, uniform):
+    """`sample` from given `draws`."""
+    index = sample_index(uniform, self.probs)
     onehot = jax.nn.one_hot(index, self.logits.shape[-1], dtype=f32)
     return sg(onehot) + self.probs - sg(self.probs)
 
@@ -96,7 +105,7 @@ class Categorical(OneHot):
     self.maxent = math.log(logits.shape[-1])
 
   def sample(self, key):
-    return sample_index(key, self.probs) + self.low
+    return sample_index(draws(key, self.probs.shape), self.probs) + self.low
 
   def mode(self):
     return self.logits.argmax(-1).astype(jnp.int32) + self.low

@@ -5,6 +5,7 @@ compute `dtype` (bfloat16 on GPU, float32 on CPU); normalisation runs in
 float32 and returns the compute dtype again.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -227,3 +228,58 @@ class MLP(nn.Module):
     for i in range(self.layers):
       x = Dense(self.units, self.act, self.norm, self.dtype, name=f'layer{i}')(x)
     return x
+
+
+def scan_rows(step, params, carry, xs, fixed, unroll=1):
+  """`jax.lax.scan` of `step(params, carry, x, f) -> (carry, y)` over the
+  leading axis of `xs` and `fixed` (per-step inputs without a gradient),
+  whose gradient for `params` is taken once over every step's rows.
+
+  A scan's own gradient runs each step's parameter products in its
+  reverse loop, a few rows at a time, and adds them up step by step. Here
+  the reverse loop carries only the activations' gradients, recomputing
+  each step from its input carry (nothing per step is stored but the
+  carries), and the parameters' gradient is one vector-Jacobian product
+  of `step` applied to all steps' rows at once: the same sum, as large
+  products outside the loop. `step` must treat batch rows (axis 0 of
+  every carry, x and f leaf) independently and be deterministic given its
+  inputs (random draws come in `fixed`).
+  """
+  return _scan_rows(step, unroll, params, carry, xs, fixed)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _scan_rows(step, unroll, params, carry, xs, fixed):
+  body = lambda c, inputs: step(params, c, *inputs)
+  return jax.lax.scan(body, carry, (xs, fixed), unroll=unroll)
+
+
+def _scan_rows_fwd(step, unroll, params, carry, xs, fixed):
+  def body(c, inputs):
+    out, y = step(params, c, *inputs)
+    return out, (y, c)
+  last, (ys, carries) = jax.lax.scan(body, carry, (xs, fixed), unroll=unroll)
+  return (last, ys), (params, carries, xs, fixed)
+
+
+def _scan_rows_bwd(step, unroll, saved, cts):
+  params, carries, xs, fixed = saved
+  ct_last, ct_ys = cts
+
+  def body(ct_out, inputs):
+    c, x, f, ct_y = inputs
+    _, pull = jax.vjp(lambda c, x: step(params, c, x, f), c, x)
+    ct_in, ct_x = pull((ct_out, ct_y))
+    return ct_in, (ct_out, ct_x)
+
+  ct_start, (ct_outs, ct_xs) = jax.lax.scan(
+      body, ct_last, (carries, xs, fixed, ct_ys), reverse=True, unroll=unroll)
+  rows = lambda tree: jax.tree.map(
+      lambda v: v.reshape((-1, *v.shape[2:])), tree)
+  _, pull = jax.vjp(
+      lambda p: step(p, rows(carries), rows(xs), rows(fixed)), params)
+  ct_params, = pull((rows(ct_outs), rows(ct_ys)))
+  return ct_params, ct_start, ct_xs, None
+
+
+_scan_rows.defvjp(_scan_rows_fwd, _scan_rows_bwd)

@@ -218,16 +218,20 @@ class RSSM(nn.Module):
           layer.linear.rows(x, 0) + first)
     return self.obs_logit(x)
 
-  def obs_step(self, carry, inputs, reset, key):
-    """Posterior step from `obs_inputs`. Rows with `reset` start from
-    zeros (new episode)."""
+  def draws(self, key, batch):
+    """The uniform numbers [batch, stoch, 1] a step's latent sample reads."""
+    return dists.draws(key, (batch, self.stoch, self.classes))
+
+  def obs_step(self, carry, inputs, reset, draws):
+    """Posterior step from `obs_inputs`, its latent sampled with `draws`.
+    Rows with `reset` start from zeros (new episode)."""
     keep = (~reset)[:, None]
     deter = jnp.where(keep, carry['deter'], 0)
     stoch = jnp.where(keep[..., None], carry['stoch'], 0)
     deter = self._core(deter, stoch, inputs['action'])
     logit = inputs['posterior'] if self.absolute else self._posterior_layers(
         deter, first=inputs['posterior'])
-    stoch = self.dist(logit).sample(key).astype(self.dtype)
+    stoch = self.dist(logit).sample_from(draws).astype(self.dtype)
     carry = dict(deter=deter, stoch=stoch)
     return carry, dict(deter=deter, stoch=stoch, logit=logit)
 
@@ -245,7 +249,8 @@ class RSSM(nn.Module):
       self.obs_layers[0](jnp.concatenate(
           [carry['deter'], tokens.astype(carry['deter'].dtype)], -1))
     inputs = self.obs_inputs(action, tokens, reset)
-    carry, _ = self.obs_step(carry, inputs, reset, key)
+    carry, _ = self.obs_step(
+        carry, inputs, reset, self.draws(key, reset.shape[0]))
     carry, feat = self.img_step(carry, action, key)
     return self.prior(feat['deter'])
 

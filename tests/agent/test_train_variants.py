@@ -1,8 +1,10 @@
 """The learner's speed variants change no number the agent learns: K updates
 fused into one compiled call (`train_many`), unrolled scans
-(`agent.scan_unroll`), and the observe scan with the products of its
-actions and tokens made beforehand, each against plain `train` calls of
-the straightforward version from the same state, carry and batches, in
+(`agent.scan_unroll`), the observe scan's parameter gradient step by step
+(`agent.scan_grads steps`) or once over all rows (`nets.scan_rows`, the
+default), and the observe scan with the products of its actions and
+tokens made beforehand, each against plain `train` calls of the
+straightforward version from the same state, carry and batches, in
 float32 on the CPU."""
 
 import functools
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from dreamer_ver.agent import agent as agentlib
-from dreamer_ver.agent import rssm
+from dreamer_ver.agent import nets, rssm
 from helpers.agent import make_batch, small_config, vector_spaces
 
 K = 3
@@ -74,6 +76,52 @@ def test_unrolled_scans_give_the_plain_updates(reference):
   agent = agentlib.Agent(*vector_spaces(),
                          small_config(**{'agent.scan_unroll': 2}))
   assert_close(plain_updates(agent, batches), want)
+
+
+def test_the_observe_gradient_step_by_step_gives_the_same_updates(reference):
+  _, batches, want = reference
+  agent = agentlib.Agent(*vector_spaces(),
+                         small_config(**{'agent.scan_grads': 'steps'}))
+  assert agent.scan_grads == 'steps'
+  assert_close(plain_updates(agent, batches), want)
+
+
+def row_step(params, carry, x, fixed):
+  """A recurrent step of the kind `scan_rows` takes: rows independent,
+  parameters used in products, a norm-like scale and a bias; rows with
+  `reset` restart from zero."""
+  reset, noise = fixed
+  h = jnp.where(reset[:, None], 0, carry)
+  h = jnp.tanh(h @ params['w'] + x['a'] @ params['u'] + params['b'])
+  out = h * params['scale'] + noise
+  return h, {'out': out, 'sq': jnp.square(x['a']).sum(-1)}
+
+
+def test_scan_rows_gives_lax_scans_values_and_gradients():
+  # Values, and gradients for the parameters, the start carry and the
+  # per-step inputs, against jax's own scan, forward and unrolled.
+  rng = np.random.default_rng(0)
+  T, B, D, A = 7, 3, 4, 2
+  f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  params = {'w': f(D, D), 'u': f(A, D), 'b': f(D), 'scale': f(D)}
+  start, xs = f(B, D), {'a': f(T, B, A)}
+  fixed = (jnp.asarray(rng.random((T, B)) < 0.2), f(T, B, D))
+  weights = f(T, B, D), f(T, B), f(B, D)
+
+  def loss(scan, params, start, xs):
+    last, ys = scan(params, start, xs)
+    return ((ys['out'] * weights[0]).sum() + (ys['sq'] * weights[1]).sum() +
+            jnp.sin(last * weights[2]).sum())
+
+  plain = lambda p, c, x: jax.lax.scan(
+      lambda c, i: row_step(p, c, *i), c, (x, fixed))
+  want = jax.value_and_grad(loss, (1, 2, 3))(plain, params, start, xs)
+  for unroll in (1, 2):
+    rows = lambda p, c, x: nets.scan_rows(row_step, p, c, x, fixed, unroll)
+    got = jax.jit(jax.value_and_grad(loss, (1, 2, 3)), static_argnums=0)(
+        rows, params, start, xs)
+    assert_close(got, want)
+  assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(want[1]))
 
 
 def observe_in_scan(agent, params, start, obs, prevact, key):
