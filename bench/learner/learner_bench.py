@@ -38,9 +38,9 @@ Variants (`--variants`), the same updates made faster, each timed in the
 same rounds and reported against `base` (`x_base`): `unrollN` unrolls the
 RSSM's observe and imagine scans N steps (`agent.scan_unroll`), `fuseK`
 makes K updates in one compiled call (`Agent.train_many`, the learner's
-`run.train_fuse`), `steps` takes the observe scan's parameter gradient
-step by step (`agent.scan_grads steps`), and they join with `-`
-(`unroll4-fuse4`). Their numbers equal base's
+`run.train_fuse`), `rows` and `steps` take the observe scan's parameter
+gradient once over all rows or step by step (`agent.scan_grads`, whose
+`auto` is `steps` on a CPU), and they join with `-` (`unroll4-fuse4`). Their numbers equal base's
 (tests/agent/test_train_variants.py); FLOPs and the floor are base's.
 
 `--upstream SRC` times upstream DreamerV3's `train` at the same
@@ -139,22 +139,21 @@ def random_batch(agent, B, T, seed):
 
 
 def variant(name):
-  """'base', 'unroll4', 'fuse4', 'steps', 'unroll4-fuse4', ... -> config
+  """'base', 'unroll4', 'fuse4', 'rows', 'unroll4-fuse4', ... -> config
   overrides and fuse."""
-  knobs = {'unroll': 1, 'fuse': 1, 'steps': False}
+  overrides, fuse = {'agent.scan_unroll': 1}, 1
   for part in [] if name == 'base' else name.split('-'):
-    match = re.fullmatch(r'(unroll|fuse)([0-9]+)|(steps)', part)
+    match = re.fullmatch(r'(unroll|fuse)([0-9]+)|(rows|steps)', part)
     if not match:
       raise ValueError(f'unknown variant {name!r} (base, unrollN, fuseK, '
-                       'steps, joined by -)')
+                       'rows, steps, joined by -)')
     if match[3]:
-      knobs['steps'] = True
+      overrides['agent.scan_grads'] = match[3]
+    elif match[1] == 'unroll':
+      overrides['agent.scan_unroll'] = int(match[2])
     else:
-      knobs[match[1]] = int(match[2])
-  overrides = {'agent.scan_unroll': knobs['unroll']}
-  if knobs['steps']:
-    overrides['agent.scan_grads'] = 'steps'
-  return overrides, knobs['fuse']
+      fuse = int(match[2])
+  return overrides, fuse
 
 
 def make(size, dtype, batch, length, name='base', task=''):
@@ -320,7 +319,7 @@ def main():
   parser.add_argument('--sizes', nargs='+', default=['size1m', 'size12m'])
   parser.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'])
   parser.add_argument('--variants', nargs='+', default=['base'],
-                      help='base, unrollN, fuseK, steps, joined by - (unroll4-fuse4)')
+                      help='base, unrollN, fuseK, rows, steps, joined by - (unroll4-fuse4)')
   parser.add_argument('--batch', type=int, default=16)
   parser.add_argument('--length', type=int, default=64)
   parser.add_argument('--task', default='',

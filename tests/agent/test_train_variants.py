@@ -1,8 +1,8 @@
 """The learner's speed variants change no number the agent learns: K updates
 fused into one compiled call (`train_many`), unrolled scans
 (`agent.scan_unroll`), the observe scan's parameter gradient step by step
-(`agent.scan_grads steps`) or once over all rows (`nets.scan_rows`, the
-default), and the observe scan with the products of its actions and
+or once over all rows (`agent.scan_grads`: lax.scan's own or
+`nets.scan_rows`), and the observe scan with the products of its actions and
 tokens made beforehand, each against plain `train` calls of the
 straightforward version from the same state, carry and batches, in
 float32 on the CPU."""
@@ -78,11 +78,12 @@ def test_unrolled_scans_give_the_plain_updates(reference):
   assert_close(plain_updates(agent, batches), want)
 
 
-def test_the_observe_gradient_step_by_step_gives_the_same_updates(reference):
-  _, batches, want = reference
+def test_the_observe_gradient_over_all_rows_gives_the_same_updates(reference):
+  agent, batches, want = reference
+  assert agent.scan_grads == 'steps'  # `auto` on a CPU
   agent = agentlib.Agent(*vector_spaces(),
-                         small_config(**{'agent.scan_grads': 'steps'}))
-  assert agent.scan_grads == 'steps'
+                         small_config(**{'agent.scan_grads': 'rows'}))
+  assert agent.scan_grads == 'rows'
   assert_close(plain_updates(agent, batches), want)
 
 
@@ -163,14 +164,19 @@ def assert_close_to_scale(got, want, fraction):
                                atol=fraction * np.abs(y).max())
 
 
-@pytest.mark.parametrize('absolute', [False, True])
-def test_products_taken_out_of_the_observe_scan_change_no_number(absolute):
+@pytest.mark.parametrize('absolute, scan_grads', [
+    (False, 'steps'), (True, 'steps'), (False, 'rows')])
+def test_products_taken_out_of_the_observe_scan_change_no_number(
+    absolute, scan_grads):
   # The scan's step gets the products of the actions and tokens made over
-  # all rows beforehand (`RSSM.obs_inputs`): the same parameters, losses,
-  # gradients and update, up to the order of float32 sums (measured: the
-  # gradients within 6e-7 of each array's largest). Episodes start
-  # mid-batch, so the zeroed actions are compared too.
+  # all rows beforehand (`RSSM.obs_inputs`), and its latent draws; with
+  # `rows` its parameters' gradient is one product over all rows: the
+  # same parameters, losses, gradients and update, up to the order of
+  # float32 sums (measured: the gradients within 6e-7 of each array's
+  # largest). Episodes start mid-batch, so the zeroed actions are
+  # compared too.
   config = small_config(**{'agent.rssm.absolute': absolute,
+                            'agent.scan_grads': scan_grads,
                             'agent.opt.warmup': 0})  # a first step > 0
   agent, before = (agentlib.Agent(*vector_spaces(), config) for _ in range(2))
   before._observe = functools.partial(observe_in_scan, before)
