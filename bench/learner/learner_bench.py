@@ -38,9 +38,9 @@ Variants (`--variants`), the same updates made faster, each timed in the
 same rounds and reported against `base` (`x_base`): `unrollN` unrolls the
 RSSM's observe and imagine scans N steps (`agent.scan_unroll`), `fuseK`
 makes K updates in one compiled call (`Agent.train_many`, the learner's
-`run.train_fuse`), `rows` and `steps` take the observe scan's parameter
-gradient once over all rows or step by step (`agent.scan_grads`, whose
-`auto` is `steps` on a CPU), and they join with `-` (`unroll4-fuse4`). Their numbers equal base's
+`run.train_fuse`), `steps` takes the observe scan's parameter gradient
+step by step (`agent.scan_grads`; base: once over all rows), and they
+join with `-` (`unroll4-fuse4`). Their numbers equal base's
 (tests/agent/test_train_variants.py); FLOPs and the floor are base's.
 
 `--upstream SRC` times upstream DreamerV3's `train` at the same

@@ -86,8 +86,6 @@ class Agent:
     self.policy = jax.jit(self.policy_step, static_argnames=('mode',))
     self.unroll = int(cfg.scan_unroll)
     self.scan_grads = cfg.scan_grads
-    if self.scan_grads == 'auto':
-      self.scan_grads = 'steps' if jax.default_backend() == 'cpu' else 'rows'
     self.train = jax.jit(self._train, donate_argnums=(0,))
     self.train_many = jax.jit(self._train_many, donate_argnums=(0,))
     self.report = jax.jit(self._report)

@@ -111,7 +111,7 @@ CHOICES = {
     'jax.platform': ('', 'cpu', 'cuda', 'gpu', 'tpu'),
     'jax.compute_dtype': ('float32', 'bfloat16'),
     'jax.malloc': ('mimalloc', 'one_arena', 'glibc'),
-    'agent.scan_grads': ('auto', 'rows', 'steps'),
+    'agent.scan_grads': ('rows', 'steps'),
     'env.atari100k.actions': ('needed', 'all'),
     'env.atari100k.lives': ('unused', 'discount', 'reset'),
     'env.atari100k.resize': ('pillow', 'numpy'),

@@ -78,12 +78,12 @@ def test_unrolled_scans_give_the_plain_updates(reference):
   assert_close(plain_updates(agent, batches), want)
 
 
-def test_the_observe_gradient_over_all_rows_gives_the_same_updates(reference):
+def test_the_observe_gradient_step_by_step_gives_the_same_updates(reference):
   agent, batches, want = reference
-  assert agent.scan_grads == 'steps'  # `auto` on a CPU
+  assert agent.scan_grads == 'rows'  # the default
   agent = agentlib.Agent(*vector_spaces(),
-                         small_config(**{'agent.scan_grads': 'rows'}))
-  assert agent.scan_grads == 'rows'
+                         small_config(**{'agent.scan_grads': 'steps'}))
+  assert agent.scan_grads == 'steps'
   assert_close(plain_updates(agent, batches), want)
 
 
