@@ -76,6 +76,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -419,6 +420,8 @@ def main():
     write(args, runs, measured, peak_n)
   for child in children.values():
     child.close()
+  if against:
+    shutil.rmtree(against[1], ignore_errors=True)
   for key, run in runs.items():
     if args.profile and key[2] == 'base':
       measured['profiles'][key] = profile(run, args.steps)
