@@ -337,25 +337,30 @@ class Agent:
     """Policy rollout in the prior for imag_length steps. Returns features
     and actions of H+1 states (the start state included)."""
     H = self.config.agent.imag_length
+    N = start['deter'].shape[0]
+    # Every step's random numbers before the loop, from the keys each step
+    # split for itself, so the loop's body is the recurrence alone.
+    keys = jax.random.split(key, H + 1)
+    pairs = jax.vmap(jax.random.split)(keys[:H])  # each step's act, dyn
+    draws = (jax.vmap(lambda k: self.pol.draws(k, N))(pairs[:, 0]),
+             jax.vmap(lambda k: self.dyn.draws(k, N))(pairs[:, 1]))
 
-    def act(feat, key):
+    def act(feat, draws):
       policy = self.pol.apply({'params': params['pol']}, self._featvec(feat))
-      keys = jax.random.split(key, len(policy))
-      return {k: d.sample(kk) for (k, d), kk in zip(sorted(policy.items()), keys)}
+      return {k: d.sample_from(draws[k]) for k, d in policy.items()}
 
-    def step(carry, key):
-      act_key, dyn_key = jax.random.split(key)
-      action = act(carry, act_key)
+    def step(carry, draws):
+      act_draws, dyn_draws = draws
+      action = act(carry, act_draws)
       carry, feat = self.dyn.apply(
           {'params': params['dyn']}, carry,
-          rssm.embed_action(self.act_space, action), dyn_key,
+          rssm.embed_action(self.act_space, action), dyn_draws,
           method=self.dyn.img_step)
       return carry, ({'deter': feat['deter'], 'stoch': feat['stoch']}, action)
 
-    keys = jax.random.split(key, H + 1)
     last, (feats, actions) = jax.lax.scan(
-        step, start, keys[:H], unroll=self.unroll)
-    last_action = act(last, keys[H])
+        step, start, draws, unroll=self.unroll)
+    last_action = act(last, self.pol.draws(keys[H], N))
     swap = lambda x: jnp.swapaxes(x, 0, 1)
     feats = jax.tree.map(
         lambda s, f: jnp.concatenate([s[:, None], swap(f)], 1), start, feats)
@@ -414,15 +419,16 @@ class Agent:
         self.act_space, jax.tree.map(lambda x: x[:, half:], prevact))
 
     def step(carry, inputs):
-      act_t, key_t = inputs
+      act_t, draws_t = inputs
       carry, feat = self.dyn.apply(
-          {'params': params['dyn']}, carry, act_t, key_t,
+          {'params': params['dyn']}, carry, act_t, draws_t,
           method=self.dyn.img_step)
       return carry, {'deter': feat['deter'], 'stoch': feat['stoch']}
 
-    _, imgfeat = jax.lax.scan(
-        step, carry, (jnp.swapaxes(acts, 0, 1),
-                      jax.random.split(key, T - half)))
+    B = obs['is_first'].shape[0]
+    draws = jax.vmap(lambda k: self.dyn.draws(k, B))(
+        jax.random.split(key, T - half))
+    _, imgfeat = jax.lax.scan(step, carry, (jnp.swapaxes(acts, 0, 1), draws))
     imgfeat = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), imgfeat)
     recons = self.dec.apply({'params': params['dec']}, imgfeat, 2)
     for k, recon in recons.items():

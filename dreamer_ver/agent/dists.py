@@ -105,7 +105,11 @@ class Categorical(OneHot):
     self.maxent = math.log(logits.shape[-1])
 
   def sample(self, key):
-    return sample_index(draws(key, self.probs.shape), self.probs) + self.low
+    return self.sample_from(draws(key, self.probs.shape))
+
+  def sample_from(self, uniform):
+    """`sample` from given `draws`: class values, not one-hot."""
+    return sample_index(uniform, self.probs) + self.low
 
   def mode(self):
     return self.logits.argmax(-1).astype(jnp.int32) + self.low
@@ -134,7 +138,11 @@ class BoundedNormal:
     self.maxent = size * _normal_entropy(maxstd)
 
   def sample(self, key):
-    return self.mean + self.std * jax.random.normal(key, self.mean.shape, f32)
+    return self.sample_from(jax.random.normal(key, self.mean.shape, f32))
+
+  def sample_from(self, noise):
+    """`sample` from given standard normal `noise` of the mean's shape."""
+    return self.mean + self.std * noise
 
   def mode(self):
     return self.mean

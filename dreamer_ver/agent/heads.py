@@ -1,6 +1,7 @@
 """Prediction heads on model features: reward, continue, value and policy."""
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from . import dists
@@ -47,6 +48,21 @@ class PolicyHead(nn.Module):
   maxstd: float = 1.0
   unimix: float = 0.01
   dtype: jnp.dtype = f32
+
+  def draws(self, key, batch):
+    """The random numbers {action key: [batch, ...]} that sampling every
+    action of `batch` rows with `key` reads (each distribution's
+    `sample(k)` is its `sample_from` of these)."""
+    keys = jax.random.split(key, len(self.act_space))
+    out = {}
+    for name, k in zip(sorted(self.act_space), keys):
+      space = self.act_space[name]
+      if space.discrete:
+        shape = (batch, *space.shape, nets.num_classes(space))
+        out[name] = dists.draws(k, shape)
+      else:
+        out[name] = jax.random.normal(k, (batch, *space.shape), f32)
+    return out
 
   @nn.compact
   def __call__(self, x):

@@ -235,11 +235,12 @@ class RSSM(nn.Module):
     carry = dict(deter=deter, stoch=stoch)
     return carry, dict(deter=deter, stoch=stoch, logit=logit)
 
-  def img_step(self, carry, action, key):
-    """Prior step: imagine the next state after `action` (embedded)."""
+  def img_step(self, carry, action, draws):
+    """Prior step: imagine the next state after `action` (embedded), its
+    latent sampled with `draws`."""
     deter = self.core(carry['deter'], carry['stoch'], action)
     logit = self.prior(deter)
-    stoch = self.dist(logit).sample(key).astype(self.dtype)
+    stoch = self.dist(logit).sample_from(draws).astype(self.dtype)
     carry = dict(deter=deter, stoch=stoch)
     return carry, dict(deter=deter, stoch=stoch, logit=logit)
 
@@ -251,7 +252,8 @@ class RSSM(nn.Module):
     inputs = self.obs_inputs(action, tokens, reset)
     carry, _ = self.obs_step(
         carry, inputs, reset, self.draws(key, reset.shape[0]))
-    carry, feat = self.img_step(carry, action, key)
+    carry, feat = self.img_step(
+        carry, action, self.draws(key, reset.shape[0]))
     return self.prior(feat['deter'])
 
 

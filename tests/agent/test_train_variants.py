@@ -9,6 +9,7 @@ float32 on the CPU."""
 
 import functools
 
+import elements
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,67 @@ def observe_in_scan(agent, params, start, obs, prevact, key):
         jax.random.split(key, tokens.shape[1]))
   carry, feat = jax.lax.scan(lambda c, x: apply(c, *x), start, xs)
   return carry, jax.tree.map(swap, feat)
+
+
+def imagine_in_scan(agent, params, start, key):
+  """`Agent._imagine` as each step drew its random numbers for itself:
+    (features, actions) of the H steps, and the last state's action."""
+  def act(feat, key):
+    policy = agent.pol.apply({'params': params['pol']}, agent._featvec(feat))
+    keys = jax.random.split(key, len(policy))
+    return {k: d.sample(kk) for (k, d), kk in zip(sorted(policy.items()), keys)}
+
+  def img_step(module, carry, action, key):
+    deter = module.core(carry['deter'], carry['stoch'], action)
+    stoch = module.dist(module.prior(deter)).sample(key)
+    return dict(deter=deter, stoch=stoch.astype(module.dtype))
+
+  apply = functools.partial(nn.apply(img_step, agent.dyn),
+                            {'params': params['dyn']})
+
+  def step(carry, key):
+    act_key, dyn_key = jax.random.split(key)
+    action = act(carry, act_key)
+    carry = apply(carry, rssm.embed_action(agent.act_space, action), dyn_key)
+    return carry, (carry, action)
+
+  keys = jax.random.split(key, agent.config.agent.imag_length + 1)
+  last, (feats, actions) = jax.lax.scan(step, start, keys[:-1])
+  return feats, actions, act(last, keys[-1])
+
+
+def test_imagination_draws_made_before_its_loop_are_the_ones_it_drew():
+  # The imagination takes every step's random numbers (its latents' and
+  # the policy's, discrete and continuous) from the same keys before the
+  # loop: the same states and actions as drawing them step by step.
+  obs, _ = vector_spaces()
+  act = {'act_disc': elements.Space(np.int32, (), 0, 3),
+         'act_cont': elements.Space(np.float32, (2,), -1, 1),
+         'reset': elements.Space(bool, ())}
+  agent = agentlib.Agent(obs, act, small_config())
+  params = agent.init_params(0)
+  rng = np.random.default_rng(0)
+  carry = agent.init_carry(6)
+  classes = carry['stoch'].shape[-1]
+  start = {'deter': jnp.asarray(rng.normal(size=carry['deter'].shape),
+                                jnp.float32),
+           'stoch': jnp.asarray(np.eye(classes, dtype=np.float32)[
+               rng.integers(0, classes, carry['stoch'].shape[:-1])])}
+  key = jax.random.PRNGKey(5)
+  feats, actions = jax.jit(agent._imagine)(params, start, key)
+  want_feats, want_actions, want_last = jax.jit(
+      functools.partial(imagine_in_scan, agent))(params, start, key)
+  swap = lambda x: np.swapaxes(x, 0, 1)
+  for k in ('deter', 'stoch'):
+    np.testing.assert_allclose(feats[k][:, 1:], swap(want_feats[k]),
+                               rtol=1e-6, atol=1e-6)
+  assert sorted(actions) == ['act_cont', 'act_disc']
+  for k in actions:
+    np.testing.assert_allclose(actions[k][:, :-1], swap(want_actions[k]),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(actions[k][:, -1], want_last[k],
+                               rtol=1e-6, atol=1e-6)
+  assert len(np.unique(np.asarray(actions['act_disc']))) > 1
 
 
 def assert_close_to_scale(got, want, fraction):
