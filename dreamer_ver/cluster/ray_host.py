@@ -6,7 +6,7 @@ their per-step traffic stays on our portal-protocol sockets.
              worker process
   Lookup     a client address: where the run's component <name> serves now
   start(config, name, target, *args, serves=(), **options) -> actor handle
-  remove(actor, timeout)   stops a Host and removes it (no restart)
+  remove(actor, name, timeout)  stops a Host and removes it (no restart)
   available_gpus(wanted)   `wanted`, or 0 where the cluster has fewer GPUs
 
 Why a thread in the Ray worker and not a child process: when a node dies,
@@ -161,14 +161,24 @@ def start(config, name, target, *args, serves=(), **options):
   return actor.remote(name, target, config, args, serves=serves)
 
 
-def remove(actor, timeout):
-  """Asks the Host `actor` to stop (up to `timeout` seconds), then removes
-  it for good (no restart)."""
+def remove(actor, name, timeout):
+  """Asks the Host `actor` (started as `name`) to stop (up to `timeout`
+  seconds), then removes it for good (no restart) and returns once Ray no
+  longer finds `name`, free for a new one (`ray.kill` only asks)."""
   try:
     ray.get(actor.stop.remote(timeout), timeout=timeout + 5)
   except Exception as error:  # Gone already, or it did not stop in time.
     print(f'[ray] stopping a component: {error!r}; removing it.', flush=True)
   ray.kill(actor, no_restart=True)
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    try:
+      ray.get_actor(name)
+    except ValueError:
+      return
+    time.sleep(0.05)
+  print(f'[ray] {name} was still named {timeout:g} s after its removal.',
+        flush=True)
 
 
 def available_gpus(wanted):

@@ -156,7 +156,7 @@ class EvalWorker:
     clear_stale_record(self.record)
     self._children = Supervisor()
     self._process = self._children.start(
-        f'eval_worker_{self.name}', EVAL_WORKER, config, *args,
+        component_name(self.name), EVAL_WORKER, config, *args,
         restart=False)
     return wait_for_record(
         self.record, self._process, start_timeout, cancel)['addr']
@@ -164,7 +164,7 @@ class EvalWorker:
   def _start_actor(self, config, args, options):
     """Starts the worker as a Ray actor; a lookup of where it serves."""
     from dreamer_ver.cluster import ray_host
-    actor = f'eval_worker_{self.name}'
+    actor = component_name(self.name)
     gpus = ray_host.available_gpus(options['num_gpus'])
     self._actor = ray_host.start(
         config, actor, EVAL_WORKER, *args, serves='run.eval_addr',
@@ -181,7 +181,7 @@ class EvalWorker:
     token = token or os.environ.get(TOKEN_ENV, '')
     if logdir is None:
       from dreamer_ver.cluster import ray_host
-      path, addr = None, ray_host.Lookup(f'eval_worker_{name}')
+      path, addr = None, ray_host.Lookup(component_name(name))
     else:
       path = record_path(logdir, name)
       if not path.is_file():
@@ -261,7 +261,8 @@ class EvalWorker:
       elif self._actor is not None:
         from dreamer_ver.cluster import ray_host
         self.close()
-        ray_host.remove(self._actor, timeout)  # Its Host stops the server.
+        ray_host.remove(  # Its Host stops the server.
+            self._actor, component_name(self.name), timeout)
       elif self._process is not None:
         self._stop_process(timeout)
     finally:
@@ -303,6 +304,11 @@ class EvalWorker:
             f'the eval worker exited with code {self._process.exitcode}')
       if cancel is not None and cancel.is_set():
         raise RuntimeError('cancelled')
+
+
+def component_name(name):
+  """The eval worker `name`'s component name: its Ray actor's or process's."""
+  return f'eval_worker_{name}'
 
 
 def worker_config(config=None, **settings):

@@ -1,8 +1,10 @@
 """A component hosted by `cluster/ray_host.Host` on a local Ray instance:
 one that fails restarts, even when it set its own stop event first (as the
-agent does to stop its threads)."""
+agent does to stop its threads); one removed has freed its name."""
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,15 @@ def fails_once(config, marker, stop):
   return 0
 
 
+def waits(config, pidfile, stop):
+  """Writes its process id to `pidfile`, then runs until asked to stop."""
+  del config
+  Path(pidfile).write_text(str(os.getpid()))
+  while not stop.wait(1.0):
+    pass
+  return 0
+
+
 @pytest.fixture
 def local_ray():
   """Ray on this machine, whose workers import this module and the
@@ -54,6 +65,35 @@ def test_a_component_that_fails_after_setting_its_stop_restarts(
   finally:
     ray.kill(host, no_restart=True)
   assert marker.read_text() == '2'
+
+
+def test_a_removed_component_frees_its_name_before_remove_returns(
+    local_ray, tmp_path):
+  # `ray.kill` only asks: a component started again under the same name
+  # right after (an eval worker of the same name) must not find it taken.
+  # As an eval worker's: detached, and restarted once by Ray.
+  pidfile = tmp_path / 'pid'
+  for _ in range(3):
+    pidfile.unlink(missing_ok=True)
+    host = ray_host.start({}, 'again', 'test_ray_host:waits', str(pidfile),
+                          num_cpus=0.25, lifetime='detached')
+    pid = int(wait_for(pidfile))
+    os.kill(pid, signal.SIGKILL)
+    assert int(wait_for(pidfile, other_than=str(pid))) != pid
+    ray_host.remove(host, 'again', 30)
+    with pytest.raises(ValueError):
+      ray.get_actor('again')
+
+
+def wait_for(path, other_than=None, seconds=120):
+  """The text of `path` once it exists (and differs from `other_than`)."""
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    text = path.read_text() if path.exists() else ''
+    if text and text != other_than:
+      return text
+    time.sleep(0.05)
+  raise TimeoutError(f'{path} after {seconds} s')
 
 
 def test_a_detached_ray_worker_with_a_custom_policy_is_found_by_name(
