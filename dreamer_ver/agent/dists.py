@@ -37,17 +37,27 @@ def draws(key, probs_shape):
   return jax.random.uniform(key, (*probs_shape[:-1], 1))
 
 
-def mix_uniform(logits, unimix):
-  """Mixes `unimix` of a uniform into the softmax and returns log-probs.
+def softmax_and_log(logits):
+  """Softmax and log-softmax over the last axis, from one exp per element
+  (`jax.nn`'s pair takes one each, and probs as exp(log-softmax) a third)."""
+  shifted = logits - sg(logits.max(-1, keepdims=True))
+  exps = jnp.exp(shifted)
+  total = exps.sum(-1, keepdims=True)
+  return exps / total, shifted - jnp.log(total)
 
-  Without unimix this is log-softmax: log(softmax) underflows to -inf once
-  the logits differ by more than ~104 and turns losses and gradients NaN.
+
+def mix_uniform(logits, unimix):
+  """Mixes `unimix` of a uniform into the softmax; returns probs, log-probs.
+
+  Without unimix the log-probs are log-softmax: log(softmax) underflows to
+  -inf once the logits differ by more than ~104 and turns losses and
+  gradients NaN.
   """
-  logits = logits.astype(f32)
-  if not unimix:
-    return jax.nn.log_softmax(logits, -1)
-  probs = jax.nn.softmax(logits, -1)
-  return jnp.log((1 - unimix) * probs + unimix / probs.shape[-1])
+  probs, logp = softmax_and_log(logits.astype(f32))
+  if unimix:
+    probs = (1 - unimix) * probs + unimix / probs.shape[-1]
+    logp = jnp.log(probs)
+  return probs, logp
 
 
 class OneHot:
@@ -59,8 +69,7 @@ class OneHot:
   """
 
   def __init__(self, logits, unimix=0.0, event_dims=0):
-    self.logits = mix_uniform(logits, unimix)
-    self.probs = jnp.exp(self.logits)
+    self.probs, self.logits = mix_uniform(logits, unimix)
     self.event_dims = event_dims
 
   def sample(self, key):
@@ -178,19 +187,19 @@ class TwoHot:
   """Scalar regression as classification over exponentially spaced bins."""
 
   def __init__(self, logits, bins):
-    self.logits = jax.nn.log_softmax(logits.astype(f32), -1)
-    self.probs = jnp.exp(self.logits)
+    self.probs, self.logits = softmax_and_log(logits.astype(f32))
     self.bins = bins
 
   def pred(self):
-    # Pair each negative bin with its mirror before summing so uniform
-    # probabilities give exactly zero (a left-to-right sum would not).
+    # Each upper bin's probability minus its mirror's, times the upper bins
+    # (the bins are an exact mirror: `symexp_bins`): uniform probabilities
+    # give exactly zero, where a left-to-right sum of all bins would not,
+    # and the sum is one product.
     n = self.bins.shape[0]
-    weighted = self.probs * self.bins
     m = n // 2
-    lo, hi = weighted[..., :m], weighted[..., n - m:]
-    mid = weighted[..., m:n - m].sum(-1)
-    return mid + (lo[..., ::-1] + hi).sum(-1)
+    mid = (self.probs[..., m:n - m] * self.bins[m:n - m]).sum(-1)
+    mirrored = self.probs[..., n - m:] - self.probs[..., :m][..., ::-1]
+    return mid + mirrored @ self.bins[n - m:]
 
   def loss(self, target):
     target = sg(target.astype(f32))

@@ -49,6 +49,35 @@ def test_twohot_round_trip_and_zero_init():
     assert float(pred) == pytest.approx(target, rel=1e-3, abs=1e-3)
 
 
+def test_one_exp_softmax_pair_and_mirrored_pred_match_their_direct_forms():
+  logits = 8 * jax.random.normal(jax.random.PRNGKey(3), (6, 255))
+  logits = logits.at[0, :3].set(-1e4)  # far apart: log(softmax) underflows
+  probs, logp = dists.softmax_and_log(logits)
+  np.testing.assert_allclose(probs, jax.nn.softmax(logits), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(logp, jax.nn.log_softmax(logits), rtol=1e-5, atol=1e-4)
+  assert np.isfinite(logp).all()
+  # Gradients through both outputs, against jax.nn's.
+  weights = jax.random.normal(jax.random.PRNGKey(4), (2, 6, 255))
+  ours = lambda l: sum((w * o).sum() for w, o in zip(weights, dists.softmax_and_log(l)))
+  theirs = lambda l: ((weights[0] * jax.nn.softmax(l)).sum() +
+                      (weights[1] * jax.nn.log_softmax(l)).sum())
+  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(theirs)(logits),
+                             rtol=1e-4, atol=1e-5)
+  # Unimix: probs and log-probs of the mixture.
+  mixed, logmixed = dists.mix_uniform(logits[:, :4], 0.01)
+  expect = 0.99 * jax.nn.softmax(logits[:, :4]) + 0.0025
+  np.testing.assert_allclose(mixed, expect, rtol=1e-6)
+  np.testing.assert_allclose(logmixed, np.log(expect), rtol=1e-5, atol=1e-6)
+  # The prediction is the expectation over all bins (float64 reference), for
+  # an odd and an even number of bins.
+  for num in (255, 16):
+    bins = dists.symexp_bins(num)
+    dist = dists.TwoHot(logits[:, :num] / 4, bins)
+    expect = (np.asarray(dist.probs, np.float64) * np.asarray(bins, np.float64)).sum(-1)
+    np.testing.assert_allclose(dist.pred(), expect, rtol=1e-4, atol=1e-4)
+    assert float(dists.TwoHot(jnp.zeros(num), bins).pred()) == 0.0
+
+
 def test_free_nats_clip_small_kls_to_one_and_leave_large_ones():
   cfg = small_config().agent.rssm
   logits = jax.random.normal(jax.random.PRNGKey(0), (4, 2, 4))
