@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.learner import learner_bench
+from bench.learner import learner_bench, learner_pairs
 from dreamer_ver.envs import make_env
 from helpers import ROOT
 
@@ -60,3 +60,11 @@ def test_against_checks_out_the_commits_own_files():
           'show', f'{first}:{name}')
   finally:
     shutil.rmtree(folder)
+
+
+def test_a_pairs_ratio_is_each_sides_median_over_ours():
+  # Medians, not means: one slow round does not move a pair's ratio.
+  times = {'ours': [0.2, 0.4, 0.3], 'against': [0.6, 0.1, 0.33],
+           'upstream': [0.5, 0.5, 9.0, 0.4]}
+  assert learner_pairs.pair_ratios(times) == {
+      'against': round(0.33 / 0.3, 3), 'upstream': round(0.5 / 0.3, 3)}
