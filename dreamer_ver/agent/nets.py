@@ -88,6 +88,15 @@ class Linear(nn.Module):
     return x
 
 
+def hoistable(weights):
+  """`weights` (a slice or rearrangement of parameters) behind an
+  optimization barrier, so that inside a scan's step XLA computes them once
+  before the loop: its loop-invariant code motion does not move a slice or
+  transpose on its own, and layout assignment then makes the transpose a
+  copy in every step; it does move the barrier, and what feeds it."""
+  return jax.lax.optimization_barrier(weights)
+
+
 def block_product(x, kernel):
   """[..., g, i] x [g, i, o] -> [..., g * o]: one product per block.
 
@@ -143,7 +152,7 @@ class BlockLinear(nn.Module):
     own = self.inputs // g
     kernel = self.kernel.astype(self.dtype)
     x = x.astype(self.dtype).reshape((*x.shape[:-1], g, own))
-    out = block_product(x, kernel[:, :own])
+    out = block_product(x, hoistable(kernel[:, :own]))
     if shared is not None:
       out = out + shared
     return out + self.bias.astype(self.dtype)
@@ -154,7 +163,7 @@ class BlockLinear(nn.Module):
     own, width = self.inputs // self.blocks, part.shape[-1]
     assert start + width <= self.shared, (start, width, self)
     rows = self.kernel[:, own + start:own + start + width]
-    wide = rows.transpose((1, 0, 2)).reshape((width, self.units))
+    wide = hoistable(rows.transpose((1, 0, 2)).reshape((width, self.units)))
     return part.astype(self.dtype) @ wide.astype(self.dtype)
 
 

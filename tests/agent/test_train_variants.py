@@ -8,6 +8,7 @@ straightforward version from the same state, carry and batches, in
 float32 on the CPU."""
 
 import functools
+import re
 
 import elements
 import flax.linen as nn
@@ -277,3 +278,32 @@ def test_products_taken_out_of_the_observe_scan_change_no_number(
     clear = np.abs(g) > 1e-4 * np.abs(g).max()
     np.testing.assert_allclose(x[clear], y[clear], rtol=0, atol=0.01 * lr)
   assert np.abs(updates['dyn']['obs0']['linear']['kernel']).max() > lr / 2
+
+
+def test_the_cores_weight_slices_and_transposes_are_made_before_its_loops(
+    reference):
+  # XLA:CPU leaves a slice or transpose of a parameter inside a scan's step
+  # (a copy every step); `nets.hoistable` puts them before the loop. No
+  # loop body of the compiled update may read the core's kernel rearranged.
+  agent, batches, _ = reference
+  state = agent.init_state(agent.init_params(0), 0)
+  carry = agent.init_carry(batches[0]['is_first'].shape[0])
+  hlo = agent.train.lower(state, carry, batches[0]).compile().as_text()
+  computations, name = {}, None
+  for line in hlo.splitlines():
+    head = re.match(r'(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
+    if head and not line.startswith(' '):
+      name = head[1]
+      computations[name] = []
+    elif name:
+      computations[name].append(line)
+  bodies = [re.search(r'body=%?([\w.\-]+)', line)[1]
+            for line in hlo.splitlines() if ' while(' in line]
+  assert bodies
+  rearranged = re.compile(r'op_name="[^"]*dynhid0(\.share/transpose|/slice)')
+  in_loops = [line for body in bodies for line in computations[body]
+              if rearranged.search(line)]
+  assert not in_loops, in_loops[:2]
+  hoisted = [line for lines in computations.values() for line in lines
+             if rearranged.search(line)]
+  assert hoisted  # made once, outside the loops
