@@ -81,8 +81,8 @@ class Linear(nn.Module):
     the slices can be multiplied apart (at other times, over more rows).
     Reads the parameters `__call__` made; for a flat `units` only."""
     kernel = self.get_variable('params', 'kernel')
-    x = x.astype(self.dtype) @ kernel[start:start + x.shape[-1]].astype(
-        self.dtype)
+    x = x.astype(self.dtype) @ hoistable(
+        kernel[start:start + x.shape[-1]]).astype(self.dtype)
     if bias:
       x = x + self.get_variable('params', 'bias').astype(self.dtype)
     return x
