@@ -55,29 +55,43 @@ def total_flops(ops):
 NO_LAUNCH = ('parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast')
 
 
-def scan_body_ops(hlo):
-  """The ops in each while loop's body of optimized HLO text, what a GPU
-  launches per trip (a fusion is one op; a nested loop counts as one, its
-  body apart): [[trip count, ops]] in the order the loops appear."""
-  bodies, name = {}, None
+def computations(hlo):
+  """{name: [its instruction lines]} of optimized HLO text."""
+  found, name = {}, None
   for line in hlo.splitlines():
     head = re.match(r'(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
     if head and not line.startswith(' '):
       name = head[1]
-      bodies[name] = []
-      continue
-    op = re.match(r'\s+(?:ROOT )?%?[\w.\-]+ = (?:\(.*?\)|\S+) '
-                  r'([\w\-]+)\(', line)
-    if name and op:
-      bodies[name].append(op[1])
-  loops = []
+      found[name] = []
+    elif name:
+      found[name].append(line)
+  return found
+
+
+def loops(hlo):
+  """[(trip count or None, body computation's name)] of each while loop of
+  optimized HLO text, in the order they appear."""
+  found = []
   for line in hlo.splitlines():
     if ' while(' in line:
-      body = re.search(r'body=%?([\w.\-]+)', line)[1]
       trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-      ops = [op for op in bodies[body] if op not in NO_LAUNCH]
-      loops.append([int(trip[1]) if trip else None, len(ops)])
-  return loops
+      found.append((int(trip[1]) if trip else None,
+                    re.search(r'body=%?([\w.\-]+)', line)[1]))
+  return found
+
+
+def scan_body_ops(hlo):
+  """The ops in each while loop's body of optimized HLO text, what a GPU
+  launches per trip (a fusion is one op; a nested loop counts as one, its
+  body apart): [[trip count, ops]] in the order the loops appear."""
+  bodies = computations(hlo)
+  counts = []
+  for trip, body in loops(hlo):
+    ops = [op[1] for op in (
+        re.match(r'\s+(?:ROOT )?%?[\w.\-]+ = (?:\(.*?\)|\S+) ([\w\-]+)\(',
+                 line) for line in bodies[body]) if op]
+    counts.append([trip, len([op for op in ops if op not in NO_LAUNCH])])
+  return counts
 
 
 def product_seconds(eqn, copies=8, calls=3):

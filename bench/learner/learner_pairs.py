@@ -52,23 +52,23 @@ def main():
   parser.add_argument('--against', metavar='REV')
   parser.add_argument('--upstream', metavar='SRC')
   parser.add_argument('--upstream_site', metavar='DIR')
+  parser.add_argument('--malloc', default='mimalloc',
+                      choices=learner_bench.MALLOCS,
+                      help="ours' host allocator, as the runtime's jax.malloc")
   parser.add_argument('--upstream_malloc', default='glibc',
                       choices=learner_bench.MALLOCS)
   parser.add_argument('--out', default='')
   args = parser.parse_args()
   if not (args.against or args.upstream):
     parser.error('nothing to compare: --against and/or --upstream')
-  # Our children start on the runtime's allocator, as a CPU run does.
-  ours_env = {**os.environ, **devices.malloc_env('mimalloc')}
+  restart = devices.malloc_restart_env(args.malloc, '', os.environ)
+  if restart:  # our children inherit it, as a CPU run's processes do
+    os.execve(sys.executable, sys.orig_argv, restart)
   shape = (args.size, args.dtype, args.batch, args.length, args.steps)
   against = learner_bench.checkout(args.against) if args.against else None
-  sides = {'ours': lambda: learner_bench.Child(
-      [str(Path(__file__).with_name('learner_at.py')), str(ROOT),
-       *map(str, shape)], ours_env)}
+  sides = {'ours': lambda: learner_bench.against_child(str(ROOT), *shape)}
   if against:
-    sides['against'] = lambda: learner_bench.Child(
-        [str(Path(__file__).with_name('learner_at.py')), against[1],
-         *map(str, shape)], ours_env)
+    sides['against'] = lambda: learner_bench.against_child(against[1], *shape)
   if args.upstream:
     sides['upstream'] = lambda: learner_bench.upstream_child(
         args.upstream, args.upstream_site, *shape, args.upstream_malloc)
@@ -101,7 +101,8 @@ def main():
   result = {
       **stamp.stamp(), 'size': args.size, 'dtype': args.dtype,
       'batch': [args.batch, args.length], 'steps': args.steps,
-      'rounds': args.rounds, 'against': against and against[0],
+      'rounds': args.rounds, 'malloc': args.malloc,
+      'against': against and against[0],
       'upstream_malloc': args.upstream and args.upstream_malloc,
       'pairs': pairs,
       'median_speedup': {side: float(np.median(

@@ -82,7 +82,7 @@ class Linear(nn.Module):
     Reads the parameters `__call__` made; for a flat `units` only."""
     kernel = self.get_variable('params', 'kernel')
     x = x.astype(self.dtype) @ hoistable(
-        kernel[start:start + x.shape[-1]]).astype(self.dtype)
+        kernel[start:start + x.shape[-1]].astype(self.dtype))
     if bias:
       x = x + self.get_variable('params', 'bias').astype(self.dtype)
     return x
@@ -163,8 +163,8 @@ class BlockLinear(nn.Module):
     own, width = self.inputs // self.blocks, part.shape[-1]
     assert start + width <= self.shared, (start, width, self)
     rows = self.kernel[:, own + start:own + start + width]
-    wide = hoistable(rows.transpose((1, 0, 2)).reshape((width, self.units)))
-    return part.astype(self.dtype) @ wide.astype(self.dtype)
+    wide = rows.transpose((1, 0, 2)).reshape((width, self.units))
+    return part.astype(self.dtype) @ hoistable(wide.astype(self.dtype))
 
 
 class Conv2D(nn.Module):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench.learner import learner_counts
 from dreamer_ver.agent import agent as agentlib
 from dreamer_ver.agent import nets, rssm
 from helpers.agent import make_batch, small_config, vector_spaces
@@ -290,16 +291,8 @@ def test_the_weight_slices_and_transposes_in_scan_steps_are_made_before_the_loop
   state = agent.init_state(agent.init_params(0), 0)
   carry = agent.init_carry(batches[0]['is_first'].shape[0])
   hlo = agent.train.lower(state, carry, batches[0]).compile().as_text()
-  computations, name = {}, None
-  for line in hlo.splitlines():
-    head = re.match(r'(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
-    if head and not line.startswith(' '):
-      name = head[1]
-      computations[name] = []
-    elif name:
-      computations[name].append(line)
-  bodies = [re.search(r'body=%?([\w.\-]+)', line)[1]
-            for line in hlo.splitlines() if ' while(' in line]
+  computations = learner_counts.computations(hlo)
+  bodies = [body for _, body in learner_counts.loops(hlo)]
   assert bodies
   rearranged = re.compile(
       r'op_name="[^"]*(dynhid0(\.share/transpose|/slice)|linear\.rows/slice)')
