@@ -186,6 +186,8 @@ class Learner:
       flags = self.gather(ready, should_report(), should_log(), failing())
       if not flags[:, 0].all():
         self.send_latents()
+        if self.metrics:  # The updates since the last log, not lost.
+          self.log({'fps/train': fps.result()})
         return bool(flags[0, 3])
       report, log = flags[0, 1:3]  # Process 0's clocks decide.
       if not self.lead:
@@ -200,10 +202,10 @@ class Learner:
         jax.block_until_ready(self.state['params'])
         self.on_update(time.perf_counter() - began)
       fps.step(fuse * self.options.batch_size * self.options.batch_length)
-      if report:
-        self.report(stop)
-      if log:
-        self.log({'fps/train': fps.result()})
+      if report or log:
+        # One call: the logger link lets two wait and drops any more.
+        extra = self.report(stop) if report else {}
+        self.log({**extra, 'fps/train': fps.result()})
 
   def checksum(self):
     """The sum of |params| in float64; the same in every learner process."""
@@ -263,17 +265,17 @@ class Learner:
                           for k, v in latents.items()})
 
   def report(self, stop):
-    """Reports on a train batch, then on an eval batch where every process
-    has one (no eval episode yet: none)."""
+    """The report on a train batch (`report/...`), then on an eval batch
+    (`eval/...`) where every process has one (no eval episode yet: none)."""
     batch = wait(self.replay.sample_batch_report(self.rows), stop)
     if not self.gather(batch is not None).all():
-      return
-    mets = self._report(batch)
-    self._send({f'report/{k}': v for k, v in mets.items()})
+      return {}
+    reported = {f'report/{k}': v for k, v in self._report(batch).items()}
     batch = wait(self.replay.sample_batch_eval(self.rows), stop)
     if self.gather(bool(batch)).all():
-      mets = self._report(batch)
-      self._send({f'eval/{k}': v for k, v in mets.items()})
+      reported.update(
+          {f'eval/{k}': v for k, v in self._report(batch).items()})
+    return reported
 
   def _report(self, batch):
     batch = {k: v for k, v in batch.items() if k != 'version'}
@@ -281,6 +283,8 @@ class Learner:
     return jax.device_get(self.parallel.local(mets))
 
   def log(self, extra):
+    """Sends the means of the updates' metrics since the last log, their
+    policy lags, the update count and `extra` to the logger, in one call."""
     mets = jax.device_get(self.parallel.local(dict(self.metrics)))
     self.metrics.clear()
     summary = {f'train/{k}': float(np.mean(v)) for k, v in mets.items()}
@@ -289,14 +293,11 @@ class Learner:
       self.lags.clear()
     summary.update(extra)
     summary['train/updates'] = self.counters['version']
-    self._send(summary)
+    if self.logger is not None:
+      self.logger.add(loggable(summary))
 
   def save(self):
     self.ckpt.save(self.parallel.local(self.state), dict(self.counters))
-
-  def _send(self, metrics):
-    if self.logger is not None:
-      self.logger.add(loggable(metrics))
 
 
 def lag_summary(lags):

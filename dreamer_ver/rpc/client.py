@@ -134,6 +134,14 @@ class Client:
           _shutdown(self._sock)
     return future
 
+  def settle(self, timeout):
+    """Waits up to `timeout` seconds until no call is in flight (every
+    one answered or failed); True if none is left. Before a `close`, which
+    fails what is still in flight and may cut off what is still being
+    sent."""
+    with self._cond:
+      return self._cond.wait_for(lambda: not self._inflight, timeout)
+
   def close(self, timeout=None):
     """Stops the receiver; calls still in flight fail with Disconnected. A
     call blocked in its send (a peer that stopped reading) is cut off: the

@@ -251,10 +251,15 @@ class AgentLife:
         print(f'Agent saved at step {shipper.stored}.')
       if cause:
         print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
+    links = list(self.clients.values())
     if self.evaluation is not None:
       self.evaluation.close(timeout=30)
-      self.eval_logger.close(timeout=1)
-    for client in self.clients.values():
+      links.append(self.eval_logger)
+    # The last metrics and latents are answered before their links close
+    # (a close cuts off what is still being sent): 2 s at most in all.
+    deadline = time.monotonic() + 2
+    for client in links:
+      client.settle(max(0.0, deadline - time.monotonic()))
       client.close(timeout=1)
     code = 1 if cause else USER_ERROR if self.faults else 0
     if left_compiling:

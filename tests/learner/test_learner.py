@@ -4,14 +4,18 @@ steps at the start of a sequence are not trained on and do not count), and
 how the learner processes of a multi-host run agree to stop."""
 
 import concurrent.futures
+import threading
 import time
 
 import numpy as np
+import portal
 from helpers.agent import make_batch, small_config, vector_spaces
 
 from dreamer_ver.actor.params import ParamsStore
 from dreamer_ver.agent.agent import Agent, policy_params
 from dreamer_ver.learner.learner import Learner, Options
+from dreamer_ver.rpc.addresses import free_port
+from dreamer_ver.rpc.client import Client
 
 
 class Recorder:
@@ -237,3 +241,88 @@ def test_a_fusing_learner_trains_each_group_of_batches_in_one_call():
   assert learner.run(lambda: counters['version'] >= 6) is False
   assert calls == [({'rows': 4},) * 3] * 2
   assert len(times) == 2
+
+
+class Sampled(Recorder):
+  """A replay client whose train, report and eval batches are ready at once
+  (real batches of the agent's spaces)."""
+
+  def __init__(self, agent, config):
+    super().__init__()
+    self.agent, self.config = agent, config
+
+  def _batch(self, rows, length):
+    future = concurrent.futures.Future()
+    future.set_result(make_batch(self.agent, rows, length))
+    return future
+
+  def sample_batch_train(self, rows):
+    return self._batch(rows, self.config.batch_length)
+
+  def sample_batch_report(self, rows):
+    return self._batch(rows, self.config.report_length)
+
+  sample_batch_eval = sample_batch_report
+
+
+def test_a_busy_logger_gets_an_updates_losses_and_reports_in_one_call():
+  """The agent's link to the logger lets two calls wait for a logger that
+  is slow to answer and drops any more (a slow logger never holds up
+  training). An update's report, eval report and losses go in one call,
+  so none of them is dropped."""
+  port = free_port()
+  received, busy = [], threading.Event()
+  server = portal.Server(port, 'Logger', host='127.0.0.1', errors=False,
+                         logging=False)
+
+  def add(metrics):
+    received.append(metrics)
+    busy.wait(timeout=60)  # Answers only once the test is done.
+
+  server.bind('add', add, workers=4)
+  server.start(block=False)
+  logger = Client(f'127.0.0.1:{port}', 'LearnerLogger', maxinflight=2,
+                  when_full='drop')
+  try:
+    config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
+                             'run.report_every': 1000})
+    agent = Agent(*vector_spaces(), config)
+    state = agent.init_state(agent.init_params(0), 0)
+    counters = {'version': 0}
+    learner = Learner(agent, state, None, Options.of(config),
+                      replay=Sampled(agent, config), logger=logger,
+                      ckpt=None, counters=counters)
+    assert learner.run(lambda: counters['version'] >= 1) is False
+    deadline = time.monotonic() + 30
+    while not received and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert logger.dropped == 0
+    assert len(received) == 1, [sorted(r)[:3] for r in received]
+    keys = set(received[0])
+    assert {'train/loss/dyn', 'train/updates', 'fps/train',
+            'report/openloop/vector_mse', 'eval/openloop/vector_mse'} <= keys
+    assert received[0]['train/updates'] == 1
+  finally:
+    busy.set()
+    logger.close(timeout=2)
+    server.close()
+
+
+def test_the_updates_since_the_last_log_are_logged_when_the_learner_stops():
+  """A run that stops between two logs still logs its last updates: the
+  first update is logged at once (the log clock starts due), the other two
+  when the learner stops."""
+  config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
+                           'run.report_every': -1})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  counters, logger = {'version': 0}, Recorder()
+  learner = Learner(agent, state, None, Options.of(config),
+                    replay=Sampled(agent, config), logger=logger, ckpt=None,
+                    counters=counters)
+  assert learner.run(lambda: counters['version'] >= 3) is False
+  assert [s['train/updates'] for s in logger.sent] == [1, 3]
+  assert all(np.isfinite(s['train/loss/dyn']) and s['fps/train'] > 0
+             for s in logger.sent)
+  learner.run(lambda: True)  # Stopped before an update: nothing to log.
+  assert len(logger.sent) == 2

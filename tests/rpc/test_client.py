@@ -79,6 +79,26 @@ def test_maxinflight_blocks_the_caller_until_a_reply():
     server.close()
 
 
+def test_settle_waits_for_the_calls_in_flight_and_no_longer():
+  port = free_port()
+  gate = threading.Event()
+  server = _server(port, gate=gate)
+  client = Client(f'127.0.0.1:{port}', 'Test', maxinflight=2)
+  try:
+    assert client.settle(0)  # Nothing in flight.
+    call = client.add(4, 0)
+    started = time.monotonic()
+    assert not client.settle(0.3)  # The server holds the reply.
+    assert 0.3 <= time.monotonic() - started < 5 and not call.done()
+    threading.Timer(0.2, gate.set).start()
+    assert client.settle(10)
+    assert call.result(timeout=0)['sum'] == 4
+  finally:
+    gate.set()
+    client.close(timeout=2)
+    server.close()
+
+
 def _swallowing_server(port, received):
   """A raw socket that takes one connection's calls into `received` and
   dies without replying; returns its (started) thread."""
