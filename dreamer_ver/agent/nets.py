@@ -71,7 +71,7 @@ class Linear(nn.Module):
     kernel = self.param(
         'kernel', trunc_normal_in(self.outscale), (x.shape[-1], size))
     bias = self.param('bias', nn.initializers.zeros, (size,))
-    x = x.astype(self.dtype) @ kernel.astype(self.dtype)
+    x = product(x.astype(self.dtype), kernel.astype(self.dtype))
     x = x + bias.astype(self.dtype)
     return x.reshape((*x.shape[:-1], *shape))
 
@@ -81,8 +81,8 @@ class Linear(nn.Module):
     the slices can be multiplied apart (at other times, over more rows).
     Reads the parameters `__call__` made; for a flat `units` only."""
     kernel = self.get_variable('params', 'kernel')
-    x = x.astype(self.dtype) @ hoistable(
-        kernel[start:start + x.shape[-1]].astype(self.dtype))
+    x = product(x.astype(self.dtype), hoistable(
+        kernel[start:start + x.shape[-1]].astype(self.dtype)))
     if bias:
       x = x + self.get_variable('params', 'bias').astype(self.dtype)
     return x
@@ -95,6 +95,38 @@ def hoistable(weights):
   transpose on its own, and layout assignment then makes the transpose a
   copy in every step; it does move the barrier, and what feeds it."""
   return jax.lax.optimization_barrier(weights)
+
+
+def product(x, kernel):
+  """x [..., i] @ kernel [i, o], every dense layer's product. On the CPU,
+  for i >= 128, the kernel's gradient multiplies a transposed copy of `x`
+  (made first, rows last) instead of `x` as it lies: XLA:CPU runs a
+  product that contracts the long rows axis of an operand in place 1.2-1.7x
+  slower (docs/benchmarks.md, learner section). The same values."""
+  if jax.default_backend() == 'cpu' and x.shape[-1] >= 128:
+    return _product_copied(x, kernel)
+  return x @ kernel
+
+
+@jax.custom_vjp
+def _product_copied(x, kernel):
+  return x @ kernel
+
+
+def _product_copied_fwd(x, kernel):
+  return x @ kernel, (x, kernel)
+
+
+def _product_copied_bwd(saved, grad):
+  x, kernel = saved
+  rows = x.reshape((-1, x.shape[-1]))
+  grads = grad.reshape((-1, grad.shape[-1]))
+  # The barrier keeps the transpose a copy of its own, not folded into
+  # the product's operand layout again.
+  return grad @ kernel.T, jax.lax.optimization_barrier(rows.T) @ grads
+
+
+_product_copied.defvjp(_product_copied_fwd, _product_copied_bwd)
 
 
 def block_product(x, kernel):
@@ -164,7 +196,7 @@ class BlockLinear(nn.Module):
     assert start + width <= self.shared, (start, width, self)
     rows = self.kernel[:, own + start:own + start + width]
     wide = rows.transpose((1, 0, 2)).reshape((width, self.units))
-    return part.astype(self.dtype) @ hoistable(wide.astype(self.dtype))
+    return product(part.astype(self.dtype), hoistable(wide.astype(self.dtype)))
 
 
 class Conv2D(nn.Module):
