@@ -99,11 +99,13 @@ def hoistable(weights):
 
 def product(x, kernel):
   """x [..., i] @ kernel [i, o], every dense layer's product. On the CPU,
-  for i >= 128, the kernel's gradient multiplies a transposed copy of `x`
-  (made first, rows last) instead of `x` as it lies: XLA:CPU runs a
-  product that contracts the long rows axis of an operand in place 1.2-1.7x
-  slower (docs/benchmarks.md, learner section). The same values."""
-  if jax.default_backend() == 'cpu' and x.shape[-1] >= 128:
+  for i >= 128 or 8192 rows and more, the kernel's gradient multiplies a
+  transposed copy of `x` (made first, rows last) instead of `x` as it
+  lies: XLA:CPU runs a product that contracts the long rows axis of an
+  operand in place 1.2-1.7x slower, and up to 3x in the update's layouts
+  (docs/benchmarks.md, learner section). The same values."""
+  rows = math.prod(x.shape[:-1])
+  if jax.default_backend() == 'cpu' and (x.shape[-1] >= 128 or rows >= 8192):
     return _product_copied(x, kernel)
   return x @ kernel
 
