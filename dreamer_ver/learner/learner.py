@@ -9,7 +9,8 @@ back, once per K updates (the version still counts updates). Each batch's
 rows carry the params version that acted; the
 learner logs the distribution of its policy lag, the updates between
 that version and its own (VER's measure of how off-policy the data is),
-as `train/policy_lag/*` over each log interval. Training is data-parallel
+as `train/policy_lag/*` over each log interval (the last one ends when
+the learner stops). Training is data-parallel
 over the train devices (`agent/data_parallel.py`): each batch's rows are
 split across them, the state is replicated; with one device it is the
 plain jitted step. Reports, metrics and checkpoints happen on wall-clock
@@ -186,8 +187,8 @@ class Learner:
       flags = self.gather(ready, should_report(), should_log(), failing())
       if not flags[:, 0].all():
         self.send_latents()
-        if self.metrics:  # The updates since the last log, not lost.
-          self.log({'fps/train': fps.result()})
+        if self.metrics and self.options.log_every >= 0:
+          self.last_log({'fps/train': fps.result()})
         return bool(flags[0, 3])
       report, log = flags[0, 1:3]  # Process 0's clocks decide.
       if not self.lead:
@@ -202,10 +203,12 @@ class Learner:
         jax.block_until_ready(self.state['params'])
         self.on_update(time.perf_counter() - began)
       fps.step(fuse * self.options.batch_size * self.options.batch_length)
-      if report or log:
-        # One call: the logger link lets two wait and drops any more.
-        extra = self.report(stop) if report else {}
-        self.log({**extra, 'fps/train': fps.result()})
+      # One call per update: the logger link lets two wait, drops more.
+      reported = self.report(stop) if report else {}
+      if log:
+        self.log({**reported, 'fps/train': fps.result()})
+      elif reported:
+        self.send(reported)
 
   def checksum(self):
     """The sum of |params| in float64; the same in every learner process."""
@@ -293,11 +296,25 @@ class Learner:
       self.lags.clear()
     summary.update(extra)
     summary['train/updates'] = self.counters['version']
-    if self.logger is not None:
-      self.logger.add(loggable(summary))
+    self.send(summary)
+
+  def last_log(self, extra):
+    """`log` at a stop: the updates since the last log. A link that failed
+    (what may have stopped the run) costs these metrics, said in a line,
+    not the save that follows."""
+    try:
+      self.log(extra)
+    except Exception as error:
+      print(f'[learner] the last metrics were not sent: {error!r}',
+            flush=True)
 
   def save(self):
     self.ckpt.save(self.parallel.local(self.state), dict(self.counters))
+
+  def send(self, metrics):
+    """Sends `metrics` to the logger in one call (`loggable`)."""
+    if self.logger is not None:
+      self.logger.add(loggable(metrics))
 
 
 def lag_summary(lags):

@@ -251,15 +251,18 @@ class AgentLife:
         print(f'Agent saved at step {shipper.stored}.')
       if cause:
         print(f'Agent failed: {cause}.', file=sys.stderr, flush=True)
-    links = list(self.clients.values())
+    links = dict(self.clients)
     if self.evaluation is not None:
       self.evaluation.close(timeout=30)
-      links.append(self.eval_logger)
-    # The last metrics and latents are answered before their links close
-    # (a close cuts off what is still being sent): 2 s at most in all.
+      links['evaluation to logger'] = self.eval_logger
+    # The last metrics are answered before their links close (a close cuts
+    # off what is still being sent): 2 s at most in all. Not the replay
+    # links: their sample calls wait on a limiter that no longer opens.
     deadline = time.monotonic() + 2
-    for client in links:
-      client.settle(max(0.0, deadline - time.monotonic()))
+    for name, client in links.items():
+      if name.endswith('to logger'):
+        client.settle(max(0.0, deadline - time.monotonic()))
+    for client in links.values():
       client.close(timeout=1)
     code = 1 if cause else USER_ERROR if self.faults else 0
     if left_compiling:

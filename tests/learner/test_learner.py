@@ -326,3 +326,29 @@ def test_the_updates_since_the_last_log_are_logged_when_the_learner_stops():
              for s in logger.sent)
   learner.run(lambda: True)  # Stopped before an update: nothing to log.
   assert len(logger.sent) == 2
+
+
+class FailsAfterOne(Recorder):
+  """A logger link that fails after its first call."""
+
+  def add(self, metrics):
+    if self.sent:
+      raise ConnectionError('the link to the logger failed')
+    super().add(metrics)
+
+
+def test_a_failed_logger_link_costs_the_last_log_not_the_stop(capsys):
+  # (A failed link is one of the causes that stop a run; the save after
+  # the stop must not be lost to it.)
+  config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
+                           'run.report_every': -1})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  counters, logger = {'version': 0}, FailsAfterOne()
+  learner = Learner(agent, state, None, Options.of(config),
+                    replay=Sampled(agent, config), logger=logger, ckpt=None,
+                    counters=counters)
+  assert learner.run(lambda: counters['version'] >= 2) is False
+  assert [s['train/updates'] for s in logger.sent] == [1]
+  assert ('[learner] the last metrics were not sent: ConnectionError('
+          "'the link to the logger failed')") in capsys.readouterr().out

@@ -298,7 +298,7 @@ def test_learner_sends_report_videos_to_the_logger(reported, tmp_path):
       agent, state, params_store=None,
       options=learnerlib.Options.of(agent.config), replay=Replay(),
       logger=logger, ckpt=None, counters={'version': 0})
-  learner.log(learner.report(stop=lambda: False))
+  learner.send(learner.report(stop=lambda: False))
   record = logger.write()
   assert record['report/openloop/image_mse'] == pytest.approx(
       float(report['openloop/image_mse']))

@@ -62,6 +62,34 @@ def test_a_stop_saves_the_steps_replay_holds_and_exits_0():
   assert part.stop.is_set()
 
 
+class Link:
+  """A client link that records `settle` and `close` into `calls`."""
+
+  def __init__(self, name, calls, error=None):
+    self.name, self.calls, self.error = name, calls, error
+
+  def settle(self, timeout):
+    self.calls.append(('settle', self.name))
+    return True
+
+  def close(self, timeout=None):
+    self.calls.append(('close', self.name))
+
+
+def test_the_logger_links_settle_before_every_link_closes():
+  # Their last metrics are answered first; the replay links, whose sample
+  # calls may wait on the limiter for ever, are closed without waiting.
+  part = life(FakeLearner(), FakeThread())
+  calls = []
+  part.clients = {name: Link(name, calls) for name in (
+      'actor to replay', 'actor to logger', 'learner to replay',
+      'learner to logger')}
+  assert part.finish() == 0
+  assert calls[:2] == [('settle', 'actor to logger'),
+                       ('settle', 'learner to logger')]
+  assert sorted(calls[2:]) == sorted(('close', name) for name in part.clients)
+
+
 def test_a_failed_learner_is_not_saved_and_exits_1(capsys):
   learner = FakeLearner()
   part = life(learner, FakeThread(errors=[ValueError('nan loss')]))
