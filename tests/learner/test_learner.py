@@ -265,6 +265,20 @@ class Sampled(Recorder):
   sample_batch_eval = sample_batch_report
 
 
+def logging_learner(logger, report_every=-1):
+  """A learner of batches that are ready at once, sending to `logger`,
+  logging at its first update and then not for 1000 s; and its counters."""
+  config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
+                           'run.report_every': report_every})
+  agent = Agent(*vector_spaces(), config)
+  state = agent.init_state(agent.init_params(0), 0)
+  counters = {'version': 0}
+  learner = Learner(agent, state, None, Options.of(config),
+                    replay=Sampled(agent, config), logger=logger, ckpt=None,
+                    counters=counters)
+  return learner, counters
+
+
 def test_a_busy_logger_gets_an_updates_losses_and_reports_in_one_call():
   """The agent's link to the logger lets two calls wait for a logger that
   is slow to answer and drops any more (a slow logger never holds up
@@ -284,14 +298,7 @@ def test_a_busy_logger_gets_an_updates_losses_and_reports_in_one_call():
   logger = Client(f'127.0.0.1:{port}', 'LearnerLogger', maxinflight=2,
                   when_full='drop')
   try:
-    config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
-                             'run.report_every': 1000})
-    agent = Agent(*vector_spaces(), config)
-    state = agent.init_state(agent.init_params(0), 0)
-    counters = {'version': 0}
-    learner = Learner(agent, state, None, Options.of(config),
-                      replay=Sampled(agent, config), logger=logger,
-                      ckpt=None, counters=counters)
+    learner, counters = logging_learner(logger, report_every=1000)
     assert learner.run(lambda: counters['version'] >= 1) is False
     deadline = time.monotonic() + 30
     while not received and time.monotonic() < deadline:
@@ -312,14 +319,8 @@ def test_the_updates_since_the_last_log_are_logged_when_the_learner_stops():
   """A run that stops between two logs still logs its last updates: the
   first update is logged at once (the log clock starts due), the other two
   when the learner stops."""
-  config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
-                           'run.report_every': -1})
-  agent = Agent(*vector_spaces(), config)
-  state = agent.init_state(agent.init_params(0), 0)
-  counters, logger = {'version': 0}, Recorder()
-  learner = Learner(agent, state, None, Options.of(config),
-                    replay=Sampled(agent, config), logger=logger, ckpt=None,
-                    counters=counters)
+  logger = Recorder()
+  learner, counters = logging_learner(logger)
   assert learner.run(lambda: counters['version'] >= 3) is False
   assert [s['train/updates'] for s in logger.sent] == [1, 3]
   assert all(np.isfinite(s['train/loss/dyn']) and s['fps/train'] > 0
@@ -340,14 +341,8 @@ class FailsAfterOne(Recorder):
 def test_a_failed_logger_link_costs_the_last_log_not_the_stop(capsys):
   # (A failed link is one of the causes that stop a run; the save after
   # the stop must not be lost to it.)
-  config = small_config(**{'batch_size': 2, 'run.log_every': 1000,
-                           'run.report_every': -1})
-  agent = Agent(*vector_spaces(), config)
-  state = agent.init_state(agent.init_params(0), 0)
-  counters, logger = {'version': 0}, FailsAfterOne()
-  learner = Learner(agent, state, None, Options.of(config),
-                    replay=Sampled(agent, config), logger=logger, ckpt=None,
-                    counters=counters)
+  logger = FailsAfterOne()
+  learner, counters = logging_learner(logger)
   assert learner.run(lambda: counters['version'] >= 2) is False
   assert [s['train/updates'] for s in logger.sent] == [1]
   assert ('[learner] the last metrics were not sent: ConnectionError('
