@@ -196,7 +196,10 @@ class ServerSocket(portal.ServerSocket):
           self._waiting(ticked)
           self._problems.flush(ticked)
     except Exception as e:
-      self.error = e
+      # After `close`: the sockets and selector it closed under a loop
+      # still flushing (its wait for the loop timed out), not a failure.
+      if self.running:
+        self.error = e
 
   def _flush(self, conn):
     """Writes `conn`'s queued frames until the kernel takes no more, and

@@ -364,3 +364,16 @@ def test_the_kernel_probes_every_connection_for_a_vanished_peer():
     with contextlib.closing(wire.connect(
         ('127.0.0.1', port), HANDSHAKE, stop)) as ours:  # a client's end
       assert [ours.getsockopt(*o) for o in options] == want
+
+
+def test_a_close_that_cuts_the_loop_off_is_no_failure_of_the_server():
+  # portal's close waits `timeout` for the loop, then closes the sockets
+  # and the selector under it; a loop still flushing replies (a client
+  # that stopped reading) then fails on them. That is the close, not a
+  # failure: `error` is what a supervisor restarts the process for.
+  port = free_port()
+  server = ServerSocket(f'127.0.0.1:{port}', 'Closing', logging=False)
+  server._numsending = lambda: 1  # A reply that never leaves.
+  server.close(timeout=0.3)
+  server.thread.join(timeout=10)
+  assert server.error is None, repr(server.error)
